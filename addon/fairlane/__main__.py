@@ -1,0 +1,3 @@
+from fairlane.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""The scheduling policy: pure Python over request state, with the clock passed in.
+
+It never touches a model, a thread or a socket, so the same code drives the real engines, the
+simulator and the tests.
+"""
+
+from fairlane.policy.base import Policy
+from fairlane.policy.config import PolicyConfig, Slo
+from fairlane.policy.cost import CostModel, CostProfile, EmbedCost, LlmCost, SttCost
+from fairlane.policy.fcfs import FcfsScheduler
+from fairlane.policy.plan import (
+    Admission,
+    Chunk,
+    EmbedPlan,
+    IdlePlan,
+    LlmPlan,
+    Plan,
+    SeqOutput,
+    StepPlan,
+    StepResult,
+    SttPlan,
+)
+from fairlane.policy.request import Kind, Priority, Request, Status
+from fairlane.policy.scheduler import FairlaneScheduler
+
+POLICIES: dict[str, type[Policy]] = {"fairlane": FairlaneScheduler, "fcfs": FcfsScheduler}
+
+
+def make_policy(name: str, config: PolicyConfig, cost: CostModel) -> Policy:
+    """The policy called `name` ('fairlane' or 'fcfs')."""
+    try:
+        return POLICIES[name](config, cost)
+    except KeyError as err:
+        raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(POLICIES)}") from err
+
+
+__all__ = [
+    "POLICIES",
+    "Admission",
+    "Chunk",
+    "CostModel",
+    "CostProfile",
+    "EmbedCost",
+    "EmbedPlan",
+    "FairlaneScheduler",
+    "FcfsScheduler",
+    "IdlePlan",
+    "Kind",
+    "LlmCost",
+    "LlmPlan",
+    "Plan",
+    "Policy",
+    "PolicyConfig",
+    "Priority",
+    "Request",
+    "SeqOutput",
+    "Slo",
+    "Status",
+    "StepPlan",
+    "StepResult",
+    "SttCost",
+    "SttPlan",
+    "make_policy",
+]

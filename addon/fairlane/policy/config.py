@@ -1,0 +1,89 @@
+"""Every knob of the scheduling policy, typed, with its default (validated in fairlane.config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from fairlane.policy.request import Priority
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency targets of one class. `None` means no target (background)."""
+
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    stt_ms: float | None = None
+
+
+def _default_slos() -> dict[Priority, Slo]:
+    return {
+        Priority.VOICE: Slo(ttft_ms=500, itl_ms=80, stt_ms=500),
+        Priority.CHAT: Slo(ttft_ms=1000, itl_ms=100, stt_ms=1000),
+        Priority.BACKGROUND: Slo(),
+    }
+
+
+def _per_class(voice: float, chat: float, background: float) -> dict[Priority, float]:
+    return {Priority.VOICE: voice, Priority.CHAT: chat, Priority.BACKGROUND: background}
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    # Rule 2: no background step may be predicted to run longer than this.
+    slice_ms: float = 50.0
+    # Rules 4 and 5: what one LLM iteration may carry, and how many sequences may hold KV.
+    max_batch_tokens: int = 2048
+    max_num_seqs: int = 32
+    min_prefill_chunk: int = 16
+    # Plan iterations to this fraction of the tightest ITL target, for noise in step times.
+    itl_headroom: float = 0.8
+    # Rule 5: KV cache in blocks, and the fraction kept free when admitting background prompts.
+    kv_blocks: int = 2048
+    block_size: int = 16
+    kv_watermark: float = 0.1
+    # Embedding and speech batches.
+    embed_max_batch: int = 64
+    embed_max_batch_tokens: int = 8192
+    stt_max_batch: int = 8
+    # Rule 6: weights of VTC's service counter.
+    vtc_input_weight: float = 1.0
+    vtc_output_weight: float = 2.0
+    # Rule 7: how long a lane may hold a batch open for more arrivals, per class.
+    batch_window_ms: dict[Priority, float] = field(default_factory=lambda: _per_class(2, 10, 200))
+    # Rule 8: background owed `background_min_share` of device time once it waited this long.
+    background_min_share: float = 0.2
+    background_max_wait_s: float = 5.0
+    share_window_s: float = 10.0
+    # Rule 9: per-class waiting-queue limits, and default deadlines for the first output.
+    queue_limit: dict[Priority, float] = field(
+        default_factory=lambda: _per_class(32, 128, 1_000_000)
+    )
+    deadline_ms: dict[Priority, float | None] = field(
+        default_factory=lambda: {
+            Priority.VOICE: None,
+            Priority.CHAT: None,
+            Priority.BACKGROUND: None,
+        }
+    )
+    slo: dict[Priority, Slo] = field(default_factory=_default_slos)
+
+    @property
+    def slice_s(self) -> float:
+        return self.slice_ms / 1000.0
+
+    def itl_budget_s(self, priority: Priority) -> float | None:
+        """The iteration time a decode of this class can bear, or None without a target."""
+        itl = self.slo[priority].itl_ms
+        return None if itl is None else itl / 1000.0 * self.itl_headroom
+
+    def scaled(self, factor: float) -> PolicyConfig:
+        """The same policy with every interactive latency target multiplied (CPU profiles)."""
+
+        def scale(value: float | None) -> float | None:
+            return None if value is None else value * factor
+
+        slo = {
+            p: Slo(scale(s.ttft_ms), scale(s.itl_ms), scale(s.stt_ms)) for p, s in self.slo.items()
+        }
+        return replace(self, slo=slo, slice_ms=self.slice_ms * factor)

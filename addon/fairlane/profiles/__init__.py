@@ -1,0 +1,69 @@
+"""Cost profiles shipped with Fairlane: this machine's CPU and two GPUs (sources in each file)."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import voluptuous as vol
+import yaml
+
+from fairlane.policy import CostProfile, EmbedCost, LlmCost, SttCost
+
+_NUMBER = vol.All(vol.Coerce(float), vol.Range(min=0))
+PROFILE_SCHEMA = vol.Schema(
+    {
+        vol.Required("name"): str,
+        vol.Optional("description", default=""): str,
+        vol.Required("device"): vol.In(["cpu", "gpu"]),
+        vol.Required("llm"): {
+            vol.Required("base_ms"): _NUMBER,
+            vol.Required("prefill_token_ms"): _NUMBER,
+            vol.Required("decode_seq_ms"): _NUMBER,
+            vol.Optional("context_token_us", default=0.0): _NUMBER,
+        },
+        vol.Required("embed"): {
+            vol.Required("base_ms"): _NUMBER,
+            vol.Required("token_ms"): _NUMBER,
+        },
+        vol.Required("stt"): {
+            vol.Required("base_ms"): _NUMBER,
+            vol.Required("utterance_ms"): _NUMBER,
+            vol.Optional("audio_s_ms", default=0.0): _NUMBER,
+        },
+    }
+)
+
+
+def available() -> list[str]:
+    """Names of the shipped profiles."""
+    return sorted(
+        p.name.removesuffix(".yaml")
+        for p in resources.files(__package__).iterdir()
+        if p.name.endswith(".yaml")
+    )
+
+
+def load(name_or_path: str) -> tuple[CostProfile, str]:
+    """A profile by shipped name or YAML path, and its device type ('cpu' or 'gpu')."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        text = path.read_text()
+    elif name_or_path in available():
+        text = resources.files(__package__).joinpath(f"{name_or_path}.yaml").read_text()
+    else:
+        raise ValueError(
+            f"unknown profile {name_or_path!r}; shipped: {', '.join(available())}, or a YAML path"
+        )
+    try:
+        data = PROFILE_SCHEMA(yaml.safe_load(text))
+    except vol.Invalid as err:
+        raise ValueError(f"profile {name_or_path!r}: {err}") from err
+    profile = CostProfile(
+        name=data["name"],
+        description=data["description"],
+        llm=LlmCost(**data["llm"]),
+        embed=EmbedCost(**data["embed"]),
+        stt=SttCost(**data["stt"]),
+    )
+    return profile, data["device"]

@@ -1,0 +1,59 @@
+"""The simulated engine, household workloads and their reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+
+from fairlane.policy import CostModel, PolicyConfig, make_policy
+from fairlane.profiles import load as load_profile
+from fairlane.sim.simulator import SimResult, Simulator
+from fairlane.sim.workload import Workload
+from fairlane.sim.workload import load as load_workload
+
+
+def default_workload() -> Path:
+    """The family evening that ships with Fairlane (a copy of the design's family.yaml)."""
+    return Path(str(resources.files("fairlane").joinpath("workloads/family.yaml")))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    workload: Workload
+    profile: str
+    config: PolicyConfig
+
+
+def scenario(
+    workload_path: str | Path,
+    profile: str,
+    config: PolicyConfig | None = None,
+    duration_s: float | None = None,
+) -> Scenario:
+    """A workload on a profile, with the workload's SLOs scaled for the profile (CPU: ×8)."""
+    workload = load_workload(workload_path)
+    if duration_s is not None:
+        jobs = tuple(j for j in workload.jobs if j.at < duration_s)
+        workload = Workload(workload.name, duration_s, jobs, workload.slo, workload.cpu_slo_scale)
+    _, device = load_profile(profile)
+    base = config or PolicyConfig()
+    slos = dict(base.slo)
+    slos.update(workload.slo)
+    scaled = replace(base, slo=slos)
+    if device == "cpu":
+        scaled = scaled.scaled(workload.cpu_slo_scale)
+    scaled_workload = Workload(
+        workload.name, workload.duration_s, workload.jobs, dict(scaled.slo), workload.cpu_slo_scale
+    )
+    return Scenario(scaled_workload, profile, scaled)
+
+
+def simulate(scn: Scenario, policy: str, noise: float = 0.05, seed: int = 0) -> SimResult:
+    """Run one policy on a scenario: the real policy, the profile as the device."""
+    profile, _ = load_profile(scn.profile)
+    engine = make_policy(policy, scn.config, CostModel(profile))
+    return Simulator(engine, CostModel(profile), scn.workload, noise=noise, seed=seed).run()
+
+
+__all__ = ["Scenario", "SimResult", "Simulator", "default_workload", "scenario", "simulate"]
