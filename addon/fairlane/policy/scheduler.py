@@ -384,12 +384,14 @@ class FairlaneScheduler(Policy):
     ) -> bool:
         """Add the largest chunk of `request`'s prompt that the budgets allow.
 
-        A first chunk of `min_prefill_chunk` tokens always fits, so a prompt makes progress even
-        when the decodes alone fill the time budget. `now` is given for a waiting request.
+        Progress is guaranteed: the first interactive prompt of an iteration, or anything in an
+        otherwise empty one, gets at least `min_prefill_chunk` tokens even when the decodes
+        already fill the time budget. `now` is given for a waiting request.
         """
         room = batch.prefill_room(budget_s)
         if room < self.config.min_prefill_chunk:
-            if batch.prefill:
+            guaranteed = not batch.chunks or (request.priority.interactive and not batch.prefill)
+            if not guaranteed:
                 return False
             room = min(self.config.min_prefill_chunk, batch.token_room)
         num_tokens = min(request.remaining_prefill, room)

@@ -1,0 +1,337 @@
+"""One test per priority rule of DESIGN.md §3: schedule → fake results → apply → assert the plan."""
+
+from __future__ import annotations
+
+from fairlane.policy import EmbedPlan, IdlePlan, LlmPlan, Slo, Status, SttPlan
+from fairlane.policy.fairness import FairQueue
+
+from tests.policy.helpers import (
+    BACKGROUND,
+    CHAT,
+    VOICE,
+    chunk_of,
+    drain,
+    embed,
+    ids,
+    llm,
+    make,
+    step,
+    stt,
+)
+
+
+# --- Rule 1: interactive first, decided at every step boundary -------------------------------
+
+
+def test_voice_arriving_during_background_prefill_is_in_the_very_next_plan() -> None:
+    policy = make()
+    policy.add(llm("doc", BACKGROUND, client="docs", prompt=20_000), 0.0)
+    plan, _, now = step(policy, 0.0)
+    assert ids(plan) == ["doc"] and chunk_of(plan, "doc").num_tokens < 20_000
+
+    policy.add(llm("v", VOICE, prompt=300), now)
+    plan, _, _ = step(policy, now)
+    assert isinstance(plan, LlmPlan)
+    assert chunk_of(plan, "v").num_tokens == 300
+    # The iteration that carries the voice prompt carries no background prefill.
+    assert "doc" not in ids(plan)
+
+
+def test_speech_goes_before_a_running_embedding_backlog() -> None:
+    policy = make()
+    for i in range(500):
+        policy.add(embed(f"e{i}"), 0.0)
+    plan, _, now = step(policy, 0.0)
+    assert isinstance(plan, EmbedPlan)
+    policy.add(stt("u1"), now)
+    plan, _, _ = step(policy, now)
+    assert isinstance(plan, SttPlan) and plan.request_ids == ("u1",)
+
+
+def test_voice_before_chat_and_speech_before_llm_within_a_class() -> None:
+    policy = make(max_batch_tokens=256)
+    policy.add(llm("c", CHAT, prompt=200), 0.0)
+    policy.add(llm("v", VOICE, prompt=200), 0.0)
+    policy.add(stt("u", VOICE), 0.0)
+    first, _, now = step(policy, 0.0)
+    assert isinstance(first, SttPlan)
+    second, _, _ = step(policy, now)
+    assert isinstance(second, LlmPlan)
+    assert second.chunks[0].request_id == "v" and second.chunks[0].num_tokens == 200
+
+
+# --- Rule 2: background steps stay under slice_ms --------------------------------------------
+
+
+def test_background_steps_are_sized_to_the_slice() -> None:
+    policy = make(slice_ms=50.0)
+    for i in range(1000):
+        policy.add(embed(f"e{i}", tokens=256), 0.0)
+    policy.add(llm("doc", BACKGROUND, prompt=8000), 0.0)
+    seen = set()
+    now = 0.0
+    for _ in range(20):
+        plan, _, now = step(policy, now)
+        assert not isinstance(plan, IdlePlan)
+        assert plan.predicted_s <= 0.050 + 1e-9
+        seen.add(type(plan))
+    assert seen == {EmbedPlan, LlmPlan}  # the two background lanes take turns
+
+
+# --- Rule 3: sequences join and leave between iterations -------------------------------------
+
+
+def test_sequences_join_and_leave_between_iterations() -> None:
+    policy = make()
+    policy.add(llm("a", prompt=100, max_tokens=50), 0.0)
+    _, _, now = step(policy, 0.0)  # a's prompt
+    plan, _, now = step(policy, now)
+    assert ids(plan) == ["a"] and chunk_of(plan, "a").decode
+
+    policy.add(llm("b", prompt=100, max_tokens=50), now)
+    plan, _, now = step(policy, now, eos={"a"})
+    assert set(ids(plan)) == {"a", "b"}  # b joined a running batch
+    assert chunk_of(plan, "a").decode and not chunk_of(plan, "b").decode
+
+    plan, _, _ = step(policy, now)
+    assert ids(plan) == ["b"]  # a left; its KV is free
+    assert "a" not in policy.kv.held
+
+
+# --- Rule 4: chunked prefill that keeps the ITL targets --------------------------------------
+
+
+def test_interactive_chunk_keeps_the_itl_of_its_own_class() -> None:
+    policy = make()
+    policy.add(llm("a", CHAT, prompt=50, max_tokens=100), 0.0)
+    _, _, now = step(policy, 0.0)
+    policy.add(llm("b", CHAT, prompt=5000), now)
+    plan, _, _ = step(policy, now)
+    assert chunk_of(plan, "a").decode
+    assert 0 < chunk_of(plan, "b").num_tokens < 5000
+    assert plan.predicted_s <= policy.config.itl_budget_s(CHAT) + 1e-9
+
+
+def test_voice_chunk_may_slow_chat_but_not_voice_decodes() -> None:
+    policy = make()
+    policy.add(llm("c", CHAT, prompt=50, max_tokens=100), 0.0)
+    _, _, now = step(policy, 0.0)
+    policy.add(llm("v", VOICE, prompt=1500), now)
+    plan, _, now = step(policy, now)
+    # Voice is more urgent than the chat stream: its whole prompt goes in one iteration.
+    assert chunk_of(plan, "v").num_tokens == 1500
+    assert plan.predicted_s > policy.config.itl_budget_s(CHAT)
+
+    policy.add(llm("v2", VOICE, prompt=5000), now)
+    plan, _, _ = step(policy, now)
+    assert chunk_of(plan, "v").decode
+    assert plan.predicted_s <= policy.config.itl_budget_s(VOICE) + 1e-9
+
+
+def test_background_chunk_never_breaks_the_interactive_itl_target() -> None:
+    tight = {VOICE: Slo(500, 80, 500), CHAT: Slo(1000, 20, 1000), BACKGROUND: Slo()}
+    policy = make(slo=tight)  # chat ITL budget: 16 ms; a lone decode costs 11 ms
+    policy.add(llm("a", CHAT, prompt=50, max_tokens=100), 0.0)
+    _, _, now = step(policy, 0.0)
+    policy.add(llm("doc", BACKGROUND, client="docs", prompt=5000), now)
+    plan, _, now = step(policy, now)
+    assert chunk_of(plan, "doc").num_tokens == 50  # (16 - 11) ms / 0.1 ms per token
+    assert plan.predicted_s <= policy.config.itl_budget_s(CHAT) + 1e-9
+
+    tighter = {**tight, CHAT: Slo(1000, 12, 1000)}  # budget 9.6 ms: not even the decode fits
+    policy = make(slo=tighter)
+    policy.add(llm("a", CHAT, prompt=50, max_tokens=100), 0.0)
+    _, _, now = step(policy, 0.0)
+    policy.add(llm("doc", BACKGROUND, client="docs", prompt=5000), now)
+    plan, _, _ = step(policy, now)
+    assert ids(plan) == ["a"]
+
+
+# --- Rule 5: budgets in tokens and KV; background is preempted, never interactive ------------
+
+
+def test_interactive_preempts_background_and_background_resumes_by_recompute() -> None:
+    policy = make(kv_blocks=40, block_size=16)  # 640 tokens of KV
+    policy.add(llm("doc", BACKGROUND, client="docs", prompt=500, max_tokens=30), 0.0)
+    now = 0.0
+    for _ in range(5):
+        _, _, now = step(policy, now)
+    doc = policy.requests["doc"]
+    assert doc.output_tokens > 0
+
+    policy.add(llm("v", VOICE, prompt=300), now)
+    plan, _, now = step(policy, now)
+    assert isinstance(plan, LlmPlan)
+    assert plan.preempted == ("doc",) and "v" in ids(plan)
+    assert doc.status is Status.WAITING and doc.computed_tokens == 0 and doc.preemptions == 1
+
+    finished, _ = drain(policy, now)
+    assert {r.id for r in finished} == {"v", "doc"}
+    assert doc.output_tokens == 30  # what it generated before preemption was kept
+
+
+def test_background_never_takes_kv_from_interactive() -> None:
+    policy = make(kv_blocks=40, block_size=16)
+    policy.add(llm("c", CHAT, prompt=500, max_tokens=40), 0.0)
+    _, _, now = step(policy, 0.0)
+    policy.add(llm("doc", BACKGROUND, client="docs", prompt=300), now)
+    for _ in range(10):
+        plan, _, now = step(policy, now)
+        assert isinstance(plan, LlmPlan)
+        assert ids(plan) == ["c"] and not plan.preempted
+    finished, _ = drain(policy, now)
+    assert [r.id for r in finished] == ["c", "doc"]
+
+
+def test_max_num_seqs_bounds_the_running_batch() -> None:
+    policy = make(max_num_seqs=3)
+    for i in range(6):
+        policy.add(llm(f"r{i}", prompt=20, max_tokens=5), 0.0)
+    plan, _, _ = step(policy, 0.0)
+    assert len(ids(plan)) == 3 and len(policy.running) == 3
+
+
+# --- Rule 6: VTC token-aware fairness inside a class -----------------------------------------
+
+
+def test_vtc_serves_the_least_served_client_first() -> None:
+    policy = make(max_num_seqs=1)
+    for rid, client, prompt in [("a1", "a", 1000), ("a2", "a", 1000), ("b1", "b", 10),
+                                ("b2", "b", 10)]:
+        policy.add(llm(rid, client=client, prompt=prompt, max_tokens=5), 0.0)
+    finished, _ = drain(policy)
+    # FCFS would run a1, a2, b1, b2; after a1, client b has the smaller counter twice.
+    assert [r.id for r in finished] == ["a1", "b1", "b2", "a2"]
+
+
+def test_a_client_returning_from_idle_starts_at_the_minimum_counter() -> None:
+    queue = FairQueue()
+    queue.push(llm("a1", client="a"))
+    queue.push(llm("b1", client="b"))
+    queue.charge("a", 5000)
+    queue.charge("b", 3000)
+    queue.push(llm("c1", client="c"))  # c was never served: no banked credit
+    assert queue.counters["c"] == 3000
+    # It is served before a (3000 < 5000) but ties with b instead of jumping ahead of both.
+    order = [queue.pop().id for _ in range(3)]  # type: ignore[union-attr]
+    assert order == ["b1", "c1", "a1"]
+
+
+# --- Rule 7: adaptive batch windows ----------------------------------------------------------
+
+
+def test_lane_holds_its_window_only_when_waiting_pays() -> None:
+    policy = make()
+    for i, t in enumerate((0.0, 0.0005, 0.001)):
+        policy.add(embed(f"e{i}", arrival=t), t)
+    plan = policy.schedule(0.001)
+    assert isinstance(plan, IdlePlan) and plan.reason == "batch window"
+    assert plan.wake_at == 0.2  # the oldest arrival + the background window
+
+    policy.add(llm("c", CHAT), 0.001)  # the device is no longer otherwise idle
+    assert not isinstance(policy.schedule(0.001), IdlePlan)
+
+
+def test_no_window_without_a_forecast_or_for_a_zero_window() -> None:
+    policy = make()
+    policy.add(embed("e0"), 0.0)
+    assert isinstance(policy.schedule(0.0), EmbedPlan)  # no arrival history: start at once
+
+    policy = make(batch_window_ms={VOICE: 0.0, CHAT: 10.0, BACKGROUND: 200.0})
+    for i, t in enumerate((0.0, 0.0001, 0.0002)):
+        policy.add(stt(f"u{i}", arrival=t), t)
+    assert isinstance(policy.schedule(0.0002), SttPlan)
+
+
+# --- Rule 8: progress guarantee -------------------------------------------------------------
+
+
+def _chatter(policy, now: float, n: int) -> None:  # type: ignore[no-untyped-def]
+    for i in range(n):
+        policy.add(llm(f"chat{now:.3f}-{i}", CHAT, client=f"c{i}", prompt=50,
+                       max_tokens=10_000), now)
+
+
+def test_background_gets_its_minimum_share_under_constant_chatter() -> None:
+    # ITL budget below a lone decode's cost: the chat stream leaves no slack at all.
+    slo = {VOICE: Slo(500, 80, 500), CHAT: Slo(1000, 12, 1000), BACKGROUND: Slo()}
+    policy = make(slo=slo, background_max_wait_s=1.0, background_min_share=0.2)
+    _chatter(policy, 0.0, 4)
+    for i in range(20_000):
+        policy.add(embed(f"e{i}"), 0.0)
+    first_background = None
+    background_time = total_time = 0.0
+    now = 0.0
+    while now < 20.0:
+        plan, _, end = step(policy, now)
+        if isinstance(plan, EmbedPlan):
+            first_background = first_background if first_background is not None else now
+            if now > 10.0:
+                background_time += end - now
+        if now > 10.0:
+            total_time += end - now
+        now = end
+    assert first_background is not None and 1.0 <= first_background < 1.5
+    assert background_time / total_time >= 0.15
+
+
+def test_background_fills_the_slack_before_the_next_decode_is_due() -> None:
+    policy = make()  # chat ITL 100 ms (budget 80 ms); a decode iteration costs ~11 ms
+    _chatter(policy, 0.0, 1)
+    for i in range(20_000):
+        policy.add(embed(f"e{i}"), 0.0)
+    token_times = []
+    kinds = []
+    now = 0.0
+    while now < 2.0:
+        plan, _, now = step(policy, now)
+        kinds.append(type(plan).__name__)
+        if isinstance(plan, LlmPlan):
+            token_times.append(now)
+    gaps = [b - a for a, b in zip(token_times[1:], token_times[2:], strict=False)]
+    assert "EmbedPlan" in kinds and "LlmPlan" in kinds
+    assert max(gaps) <= 0.100  # the stream still meets its ITL target
+    assert min(gaps) > 0.05  # and background used the slack between its tokens
+
+
+# --- Rule 9: admission control --------------------------------------------------------------
+
+
+def test_queue_limit_refuses_with_a_reason() -> None:
+    policy = make(queue_limit={VOICE: 2, CHAT: 128, BACKGROUND: 1000})
+    assert policy.add(stt("u1"), 0.0).accepted
+    assert policy.add(stt("u2"), 0.0).accepted
+    refused = policy.add(stt("u3"), 0.0)
+    assert not refused.accepted and "voice queue is full" in refused.reason
+    assert "u3" not in policy.requests
+
+
+def test_interactive_request_that_cannot_meet_its_deadline_fails_fast() -> None:
+    policy = make()
+    for i in range(10):
+        policy.add(llm(f"v{i}", VOICE, prompt=2000), 0.0)
+    refused = policy.add(llm("late", VOICE, prompt=500, deadline_s=0.05), 0.0)
+    assert not refused.accepted and "deadline" in refused.reason
+    assert refused.predicted_wait_s > 0.05
+    assert make().add(llm("ok", VOICE, prompt=500, deadline_s=1.0), 0.0).accepted
+
+
+def test_prompt_longer_than_the_kv_cache_is_refused() -> None:
+    policy = make(kv_blocks=10, block_size=16)
+    refused = policy.add(llm("big", prompt=1000), 0.0)
+    assert not refused.accepted and "KV cache" in refused.reason
+
+
+# --- Cancellation --------------------------------------------------------------------------
+
+
+def test_cancel_frees_kv_at_once_and_the_sequence_leaves_the_batch() -> None:
+    policy = make()
+    policy.add(llm("a", prompt=100, max_tokens=100), 0.0)
+    policy.add(llm("b", prompt=100, max_tokens=100), 0.0)
+    _, _, now = step(policy, 0.0)
+    assert policy.cancel("a", now)
+    assert "a" not in policy.kv.held
+    plan, _, _ = step(policy, now)
+    assert ids(plan) == ["b"]
+    assert not policy.cancel("a", now)  # already gone
