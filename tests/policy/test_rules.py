@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+
 from fairlane.policy import EmbedPlan, IdlePlan, LlmPlan, Slo, Status, SttPlan
 from fairlane.policy.fairness import FairQueue
-
 from tests.policy.helpers import (
     BACKGROUND,
     CHAT,
@@ -18,7 +19,6 @@ from tests.policy.helpers import (
     step,
     stt,
 )
-
 
 # --- Rule 1: interactive first, decided at every step boundary -------------------------------
 
@@ -288,7 +288,7 @@ def test_background_fills_the_slack_before_the_next_decode_is_due() -> None:
         kinds.append(type(plan).__name__)
         if isinstance(plan, LlmPlan):
             token_times.append(now)
-    gaps = [b - a for a, b in zip(token_times[1:], token_times[2:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(token_times[1:])]
     assert "EmbedPlan" in kinds and "LlmPlan" in kinds
     assert max(gaps) <= 0.100  # the stream still meets its ITL target
     assert min(gaps) > 0.05  # and background used the slack between its tokens

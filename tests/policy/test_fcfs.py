@@ -1,0 +1,61 @@
+"""The baseline behaves like a default server: FIFO across engines, whole-prompt prefill."""
+
+from __future__ import annotations
+
+from fairlane.policy import EmbedPlan, LlmPlan, SttPlan
+from tests.policy.helpers import (
+    BACKGROUND,
+    CHAT,
+    VOICE,
+    chunk_of,
+    drain,
+    embed,
+    ids,
+    llm,
+    make,
+    step,
+    stt,
+)
+
+
+def _chat_first_token_after_a_long_background_prompt(name: str) -> float:
+    policy = make(name)
+    policy.add(llm("doc", BACKGROUND, client="docs", prompt=8000), 0.0)
+    plan, _, now = step(policy, 0.0)
+    if name == "fcfs":
+        assert chunk_of(plan, "doc").num_tokens == 8000  # no chunking
+    policy.add(llm("chat", CHAT, prompt=100), 0.001)  # arrives while that step runs
+    while True:
+        plan, _, now = step(policy, now)
+        if "chat" in ids(plan):
+            return now
+
+
+def test_fcfs_prefills_whole_prompts_so_a_chat_turn_waits_for_them() -> None:
+    # 8000 prompt tokens cost ~0.8 s on the test device; fairlane slices them 50 ms at a time.
+    assert _chat_first_token_after_a_long_background_prompt("fcfs") > 0.8
+    assert _chat_first_token_after_a_long_background_prompt("fairlane") < 0.1
+
+
+def test_fcfs_serves_the_oldest_work_first_whatever_its_class() -> None:
+    policy = make("fcfs")
+    for i in range(200):
+        policy.add(embed(f"e{i}"), 0.0)
+    policy.add(stt("u", VOICE), 0.01)
+    plans = []
+    now = 0.01
+    while policy.has_work():
+        plan, _, now = step(policy, now)
+        plans.append(plan)
+    assert isinstance(plans[-1], SttPlan)  # the voice command waited for the whole backlog
+    assert all(isinstance(p, EmbedPlan) for p in plans[:-1])
+
+
+def test_fcfs_batches_llm_sequences_in_arrival_order() -> None:
+    policy = make("fcfs")
+    policy.add(llm("a", prompt=100, max_tokens=3), 0.0)
+    policy.add(llm("b", VOICE, prompt=100, max_tokens=3), 0.1)
+    plan, _, _ = step(policy, 0.2)
+    assert isinstance(plan, LlmPlan) and ids(plan) == ["a", "b"]
+    finished, _ = drain(policy, 0.3)
+    assert {r.id for r in finished} == {"a", "b"}

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import pytest
+
+from fairlane import config
+from fairlane.policy import Priority
+
+
+def test_defaults_need_no_file() -> None:
+    cfg = config.load(None)
+    assert cfg.server.port == 8844 and cfg.server.host == "127.0.0.1"
+    assert cfg.policy_name == "fairlane" and cfg.policy.slice_ms == 50
+
+
+def test_per_class_values_merge_onto_defaults(tmp_path) -> None:
+    path = tmp_path / "fairlane.yaml"
+    path.write_text("policy:\n  slo:\n    chat: {itl_ms: 150}\n  queue_limit: {voice: 4}\n")
+    cfg = config.load(path)
+    assert cfg.policy.slo[Priority.CHAT].itl_ms == 150
+    assert cfg.policy.slo[Priority.CHAT].ttft_ms == 1000
+    assert cfg.policy.queue_limit[Priority.VOICE] == 4
+    assert cfg.policy.queue_limit[Priority.CHAT] == 128
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("policy: {slice_ms: 0}", "policy.slice_ms"),
+        ("policy: {slicems: 10}", "policy.slicems: extra keys not allowed"),
+        ("policy: {queue_limit: {family: 3}}", "policy.queue_limit"),
+        ("server: {port: 99999}", "server.port"),
+        ("- just a list", "must be a mapping"),
+        ("policy: {slice_ms: [", "not valid YAML"),
+    ],
+)
+def test_bad_config_names_the_key(tmp_path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(config.ConfigError, match=message.replace("[", r"\[")):
+        config.load(path)
+
+
+def test_missing_file_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(config.ConfigError, match="cannot read config"):
+        config.load(tmp_path / "nope.yaml")
