@@ -6,7 +6,7 @@ Every key has a default; the README's table lists them. Errors name the key and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +71,28 @@ POLICY_SCHEMA = vol.Schema(
 SERVER_SCHEMA = vol.Schema(
     {
         vol.Optional("host", default="127.0.0.1"): str,
-        vol.Optional("port", default=8844): vol.All(vol.Coerce(int), vol.Range(min=1, max=65535)),
+        vol.Optional("port", default=8844): vol.All(vol.Coerce(int), vol.Range(min=0, max=65535)),
         vol.Optional("token", default=None): vol.Any(None, str),
-        vol.Optional("profile", default="cpu-2core"): str,
+        # The cost profile the policy starts from; "auto": the CPU profile unless layers are
+        # offloaded to a GPU. Measured step times correct it online either way.
+        vol.Optional("profile", default="auto"): str,
+        # Interactive SLO targets are multiplied by this on a CPU (a 2-core box is ~8× slower).
+        vol.Optional("cpu_slo_scale", default=8.0): _positive(1),
+        vol.Optional("max_body_mb", default=32): _positive(0.001),
+    },
+    extra=vol.PREVENT_EXTRA,
+)
+
+LLM_SCHEMA = vol.Schema(
+    {
+        # A packaged model name (see fairlane.models) or a path to any GGUF file.
+        vol.Optional("model", default="qwen2.5-coder-0.5b-instruct"): str,
+        vol.Optional("n_ctx", default=8192): _count(256),
+        vol.Optional("n_seq_max", default=8): _count(1),
+        vol.Optional("n_batch", default=512): _count(32),
+        vol.Optional("threads", default=0): _count(0),  # 0: one per core this process owns
+        vol.Optional("gpu_layers", default=0): vol.All(vol.Coerce(int), vol.Range(min=-1)),
+        vol.Optional("max_tokens", default=512): _count(1),  # when a request names none
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -82,6 +101,7 @@ CONFIG_SCHEMA = vol.Schema(
     {
         vol.Optional("server", default={}): SERVER_SCHEMA,
         vol.Optional("policy", default={}): POLICY_SCHEMA,
+        vol.Optional("llm", default={}): LLM_SCHEMA,
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -92,7 +112,20 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8844
     token: str | None = None
-    profile: str = "cpu-2core"
+    profile: str = "auto"
+    cpu_slo_scale: float = 8.0
+    max_body_mb: float = 32
+
+
+@dataclass(frozen=True)
+class LlmConfig:
+    model: str = "qwen2.5-coder-0.5b-instruct"
+    n_ctx: int = 8192
+    n_seq_max: int = 8
+    n_batch: int = 512
+    threads: int = 0
+    gpu_layers: int = 0
+    max_tokens: int = 512
 
 
 @dataclass(frozen=True)
@@ -100,6 +133,23 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     policy_name: str = "fairlane"
+    llm: LlmConfig = field(default_factory=LlmConfig)
+
+    @property
+    def profile(self) -> str:
+        if self.server.profile != "auto":
+            return self.server.profile
+        return "cpu-2core" if self.llm.gpu_layers == 0 else "rtx4090"
+
+    def serving_policy(self, device: str) -> PolicyConfig:
+        """The policy as the server runs it: budgets fitted to the engine, SLOs to the device."""
+        policy = replace(
+            self.policy,
+            kv_blocks=self.llm.n_ctx // self.policy.block_size,
+            max_num_seqs=min(self.policy.max_num_seqs, self.llm.n_seq_max),
+            max_batch_tokens=min(self.policy.max_batch_tokens, self.llm.n_batch),
+        )
+        return policy.scaled(self.server.cpu_slo_scale) if device == "cpu" else policy
 
 
 class ConfigError(ValueError):
@@ -138,6 +188,7 @@ def parse(data: dict[str, Any] | None) -> Config:
         server=ServerConfig(**valid["server"]),
         policy=policy_config(valid["policy"]),
         policy_name=valid["policy"]["name"],
+        llm=LlmConfig(**valid["llm"]),
     )
 
 

@@ -1,0 +1,189 @@
+"""The device loop: one thread that runs the policy's steps one at a time.
+
+HTTP handlers never touch an engine. They `submit()` a request (the policy admits or refuses it
+at once) and receive its output through a callback; the loop thread asks the policy for the next
+plan, runs it on the engine outside the lock, applies the results and hands out the tokens.
+Only this thread calls into an engine's device state, so cancellations are applied here too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fairlane.engines.llm import LlamaEngine, SamplingParams, TokenEvent
+from fairlane.policy import (
+    Admission,
+    IdlePlan,
+    Kind,
+    LlmPlan,
+    Policy,
+    Priority,
+    Request,
+    StepPlan,
+    StepResult,
+)
+
+_LOGGER = logging.getLogger(__name__)
+
+Sink = Callable[[TokenEvent], None]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What the device ran: the evidence tests, stats and the dashboard read."""
+
+    start: float
+    end: float
+    kind: Kind
+    request_ids: tuple[str, ...]
+    classes: tuple[Priority, ...]
+    prefill_tokens: int
+    decode_seqs: int
+    predicted_s: float
+
+
+class DeviceLoop:
+    """Owns the policy and the engines; everything else talks to it through `submit`/`cancel`."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        llm: LlamaEngine,
+        clock: Callable[[], float] = time.monotonic,
+        history: int = 20_000,
+    ) -> None:
+        self.policy = policy
+        self.llm = llm
+        self.clock = clock
+        self.records: deque[StepRecord] = deque(maxlen=history)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._sinks: dict[str, Sink] = {}
+        self._release: list[str] = []
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="fairlane-device", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout=30)
+
+    # --- called from the HTTP side -----------------------------------------------------------
+
+    def submit_llm(
+        self, request: Request, prompt: list[int], params: SamplingParams, sink: Sink
+    ) -> Admission:
+        """Admit an LLM turn (or refuse it with a reason); tokens go to `sink` from the loop."""
+        with self._wake:
+            request.arrival = self.clock()
+            admission = self.policy.add(request, request.arrival)
+            if admission.accepted:
+                self.llm.add(request.id, prompt, params)
+                self._sinks[request.id] = sink
+                self._wake.notify()
+            return admission
+
+    def cancel(self, request_id: str) -> bool:
+        """Drop a request; a running sequence leaves at the next iteration, its KV freed."""
+        with self._wake:
+            self._sinks.pop(request_id, None)
+            cancelled = self.policy.cancel(request_id, self.clock())
+            if cancelled:
+                self._release.append(request_id)
+                self._wake.notify()
+            return cancelled
+
+    def snapshot(self) -> dict[str, object]:
+        """Queue depths, running sequences and KV use, read consistently."""
+        with self._lock:
+            running = list(self.policy.running.values())
+            return {
+                "waiting": {p.label: self.policy.waiting_count(p) for p in Priority},
+                "running": {p.label: sum(1 for r in running if r.priority is p) for p in Priority},
+                "kv_used_blocks": self.policy.kv.used_blocks,
+                "kv_total_blocks": self.policy.kv.num_blocks,
+                "kv_block_size": self.policy.kv.block_size,
+                "cost_correction": {
+                    k.value: round(v, 3) for k, v in self.policy.cost.correction.items()
+                },
+            }
+
+    # --- the loop thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            plan = self._next_plan()
+            if plan is None:
+                return
+            start = self.clock()
+            try:
+                result, events = self._execute(plan)
+            except Exception as err:  # an engine failure must not kill the loop
+                _LOGGER.exception("device step failed")
+                self._fail(plan, str(err))
+                continue
+            end = self.clock()
+            with self._lock:
+                finished = self.policy.update_from_output(plan, result, end)
+                self.records.append(_record(plan, start, end))
+                for event in events:
+                    sink = self._sinks.get(event.request_id)
+                    if sink is not None:
+                        sink(event)
+                for request in finished:
+                    self._sinks.pop(request.id, None)
+                    self.llm.release(request.id)
+
+    def _next_plan(self) -> StepPlan | None:
+        with self._wake:
+            while not self._stopping:
+                for request_id in self._release:
+                    self.llm.release(request_id)
+                self._release.clear()
+                now = self.clock()
+                plan = self.policy.schedule(now)
+                if not isinstance(plan, IdlePlan):
+                    return plan
+                timeout = None if plan.wake_at is None else max(0.0, plan.wake_at - now)
+                self._wake.wait(timeout)
+            return None
+
+    def _execute(self, plan: StepPlan) -> tuple[StepResult, list[TokenEvent]]:
+        if isinstance(plan, LlmPlan):
+            return self.llm.execute(plan, clock=time.perf_counter)
+        raise RuntimeError(f"no engine for {plan.kind.value} steps")
+
+    def _fail(self, plan: StepPlan, message: str) -> None:
+        with self._lock:
+            for request_id in plan.request_ids:
+                sink = self._sinks.pop(request_id, None)
+                self.policy.cancel(request_id, self.clock())
+                self.llm.release(request_id)
+                if sink is not None:
+                    sink(TokenEvent(request_id, "", f"error: {message}"))
+
+
+def _record(plan: StepPlan, start: float, end: float) -> StepRecord:
+    if isinstance(plan, LlmPlan):
+        return StepRecord(
+            start,
+            end,
+            plan.kind,
+            plan.request_ids,
+            tuple(c.priority for c in plan.chunks),
+            plan.prefill_tokens,
+            plan.decode_seqs,
+            plan.predicted_s,
+        )
+    return StepRecord(
+        start, end, plan.kind, plan.request_ids, (plan.priority,), 0, 0, plan.predicted_s
+    )

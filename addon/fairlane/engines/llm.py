@@ -1,0 +1,283 @@
+"""The LLM engine: llama.cpp's low-level API, one context, many sequences.
+
+The engine never decides what runs: it turns a planned `LlmPlan` into exactly one
+`llama_decode` call whose batch carries one token for each decoding sequence plus the prefill
+chunks the plan chose, samples a token for each chunk that asks for one, and reports back.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llama_cpp as lc
+
+from fairlane.policy import LlmPlan, SeqOutput, StepResult
+
+
+class EngineError(RuntimeError):
+    """The engine could not do what was asked (bad model, context overflow, decode failure)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """Text a sequence produced in one step (may be empty while a stop string is possible)."""
+
+    request_id: str
+    text: str
+    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+
+
+@dataclass
+class Sequence:
+    """Engine-side state of one request: its tokens, sampler and detokenizer."""
+
+    request_id: str
+    tokens: list[int]
+    prompt_len: int
+    params: SamplingParams
+    sampler: Any  # llama_sampler_p
+    seq_id: int | None = None
+    decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
+    )
+    held: str = ""  # text not yet sent: it might be the start of a stop string
+    finish_reason: str | None = None
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: Path
+    n_ctx: int = 8192
+    n_seq_max: int = 8
+    n_batch: int = 2048
+    n_threads: int = 0  # 0: the cores this process may use
+    n_gpu_layers: int = 0  # 0: CPU only; -1 or a large number: everything on the GPU
+
+
+def default_threads() -> int:
+    """One thread per core this process owns (sched_getaffinity, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+_LOG_CALLBACK = lc.llama_log_callback(lambda level, text, user_data: None)
+
+
+class LlamaEngine:
+    """One llama.cpp context with `n_seq_max` sequence ids."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        lc.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+        lc.llama_backend_init()
+        model_params = lc.llama_model_default_params()
+        model_params.n_gpu_layers = config.n_gpu_layers
+        self.model = lc.llama_model_load_from_file(str(config.model_path).encode(), model_params)
+        if not self.model:
+            raise EngineError(f"llama.cpp could not load {config.model_path}")
+        threads = config.n_threads or default_threads()
+        params = lc.llama_context_default_params()
+        params.n_ctx = config.n_ctx
+        params.n_batch = config.n_batch
+        params.n_ubatch = config.n_batch
+        params.n_seq_max = config.n_seq_max
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        # One KV pool shared by every sequence: the policy accounts KV as one budget of blocks.
+        params.kv_unified = True
+        self.ctx = lc.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            lc.llama_model_free(self.model)
+            raise EngineError("llama.cpp could not create a context (out of memory?)")
+        self.vocab = lc.llama_model_get_vocab(self.model)
+        self.memory = lc.llama_get_memory(self.ctx)
+        self.batch = lc.llama_batch_init(config.n_batch, 0, 1)
+        self.n_ctx = lc.llama_n_ctx(self.ctx)
+        self.free_ids = list(range(config.n_seq_max - 1, -1, -1))
+        self.sequences: dict[str, Sequence] = {}
+        self.threads = threads
+
+    # --- model facts -------------------------------------------------------------------------
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        size = lc.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        if size < 0:
+            return None
+        if size >= len(buf):  # a long chat template: ask again with room for all of it
+            buf = ctypes.create_string_buffer(size + 1)
+            lc.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def token_text(self, token: int, special: bool = True) -> str:
+        buf = ctypes.create_string_buffer(256)
+        n = lc.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+
+    @property
+    def bos_text(self) -> str:
+        token = lc.llama_vocab_bos(self.vocab)
+        return self.token_text(token) if token >= 0 else ""
+
+    @property
+    def eos_text(self) -> str:
+        token = lc.llama_vocab_eos(self.vocab)
+        return self.token_text(token) if token >= 0 else ""
+
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        """Tokens of `text`; special tokens written in it (chat markup) are parsed as such."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 16
+        tokens = (lc.llama_token * capacity)()
+        n = lc.llama_tokenize(self.vocab, data, len(data), tokens, capacity, add_special, True)
+        if n < 0:
+            raise EngineError(f"tokenizer needed {-n} tokens for {len(data)} bytes")
+        return list(tokens[:n])
+
+    # --- sequences ---------------------------------------------------------------------------
+
+    def add(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        """Register a sequence; it gets a llama.cpp sequence id when its first chunk runs."""
+        if not prompt:
+            raise EngineError("empty prompt")
+        if len(prompt) + 1 > self.n_ctx:
+            raise EngineError(f"prompt of {len(prompt)} tokens exceeds the context ({self.n_ctx})")
+        self.sequences[request_id] = Sequence(
+            request_id, list(prompt), len(prompt), params, self._sampler(params)
+        )
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished or cancelled sequence: its KV cells go, its id is reused."""
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            return
+        self._drop_kv(seq)
+        lc.llama_sampler_free(seq.sampler)
+
+    def _drop_kv(self, seq: Sequence) -> None:
+        if seq.seq_id is not None:
+            lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
+            self.free_ids.append(seq.seq_id)
+            seq.seq_id = None
+
+    def _sampler(self, params: SamplingParams) -> Any:
+        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        if params.temperature <= 0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+            return chain
+        if params.top_k > 0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1.0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(params.top_p, 1))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(params.temperature))
+        seed = params.seed if params.seed is not None else lc.LLAMA_DEFAULT_SEED
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        return chain
+
+    # --- one iteration -----------------------------------------------------------------------
+
+    def execute(
+        self, plan: LlmPlan, clock: Callable[[], float] = time.perf_counter
+    ) -> tuple[StepResult, list[TokenEvent]]:
+        """Run one iteration: ONE llama_decode over every chunk in the plan."""
+        for request_id in plan.preempted:
+            if (seq := self.sequences.get(request_id)) is not None:
+                self._drop_kv(seq)  # resumes later by recomputing its tokens
+        batch = self.batch
+        n = 0
+        sampling: list[tuple[Sequence, int]] = []
+        for chunk in plan.chunks:
+            seq = self.sequences[chunk.request_id]
+            if seq.seq_id is None:
+                seq.seq_id = self.free_ids.pop()
+            if chunk.start == 0:  # a fresh start or a recompute: no stale cells
+                lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
+            for offset in range(chunk.num_tokens):
+                position = chunk.start + offset
+                batch.token[n] = seq.tokens[position]
+                batch.pos[n] = position
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = seq.seq_id
+                batch.logits[n] = 0
+                n += 1
+            if chunk.samples:
+                batch.logits[n - 1] = 1
+                sampling.append((seq, n - 1))
+        batch.n_tokens = n
+        start = clock()
+        status = lc.llama_decode(self.ctx, batch)
+        if status != 0:
+            raise EngineError(f"llama_decode failed with status {status} on {n} tokens")
+        outputs: list[SeqOutput] = []
+        events: list[TokenEvent] = []
+        for seq, index in sampling:
+            token = lc.llama_sampler_sample(seq.sampler, self.ctx, index)
+            event = self._emit(seq, token)
+            events.append(event)
+            outputs.append(SeqOutput(seq.request_id, 1, event.finish_reason is not None))
+        return StepResult(clock() - start, tuple(outputs)), events
+
+    def _emit(self, seq: Sequence, token: int) -> TokenEvent:
+        """Append a sampled token; return the text that can be sent and whether it ended."""
+        seq.tokens.append(token)
+        if lc.llama_vocab_is_eog(self.vocab, token):
+            seq.finish_reason = "stop"
+            text, seq.held = seq.held + seq.decoder.decode(b"", final=True), ""
+            return TokenEvent(seq.request_id, text, "stop")
+        piece = ctypes.create_string_buffer(256)
+        size = lc.llama_token_to_piece(self.vocab, token, piece, len(piece), 0, False)
+        seq.held += seq.decoder.decode(piece.raw[: max(size, 0)])
+        for stop in seq.params.stop:
+            if (cut := seq.held.find(stop)) >= 0:
+                seq.finish_reason = "stop"
+                text, seq.held = seq.held[:cut], ""
+                return TokenEvent(seq.request_id, text, "stop")
+        if seq.generated >= seq.params.max_tokens or len(seq.tokens) >= self.n_ctx:
+            seq.finish_reason = "length"
+            text, seq.held = seq.held + seq.decoder.decode(b"", final=True), ""
+            return TokenEvent(seq.request_id, text, "length")
+        keep = _stop_prefix_len(seq.held, seq.params.stop)
+        text = seq.held[: len(seq.held) - keep]
+        seq.held = seq.held[len(seq.held) - keep :]
+        return TokenEvent(seq.request_id, text)
+
+    def close(self) -> None:
+        for request_id in list(self.sequences):
+            self.release(request_id)
+        lc.llama_batch_free(self.batch)
+        lc.llama_free(self.ctx)
+        lc.llama_model_free(self.model)
+
+
+def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest tail of `text` that is the start of a stop string."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:size]):
+                longest = max(longest, size)
+                break
+    return longest

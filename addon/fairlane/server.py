@@ -1,0 +1,573 @@
+"""The HTTP server (aiohttp): OpenAI-compatible chat, models, stats, metrics and health.
+
+Handlers validate, render and tokenize, then hand the request to the device loop and await its
+tokens; they never block on the device. Every client-visible error has OpenAI's error shape and
+a 4xx status with a message a person can act on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import itertools
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any
+
+import voluptuous as vol
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from fairlane import __version__, models
+from fairlane import config as config_mod
+from fairlane.chat import ChatTemplate, ChatTemplateError, may_be_tool_call, parse_tool_calls
+from fairlane.device import DeviceLoop
+from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams, TokenEvent
+from fairlane.openapi import OPENAPI
+from fairlane.policy import CostModel, Kind, Priority, Request, make_policy
+from fairlane.profiles import load as load_profile
+from fairlane.telemetry import Telemetry
+
+_LOGGER = logging.getLogger(__name__)
+
+CLASS_HEADER = "X-Fairlane-Class"
+
+
+class ApiError(Exception):
+    """An error for the client: status, OpenAI error type, message, and the offending field."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = (
+            status,
+            message,
+            kind,
+            param,
+            code,
+        )
+
+    def response(self) -> web.Response:
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+        return web.json_response(body, status=self.status)
+
+
+# --- request validation ------------------------------------------------------------------------
+
+_ROLES = vol.In(["system", "developer", "user", "assistant", "tool"])
+_CONTENT = vol.Any(
+    None,
+    str,
+    [
+        {vol.Required("type"): str, vol.Optional("text"): str},
+    ],
+)
+MESSAGE = vol.Schema(
+    {
+        vol.Required("role"): _ROLES,
+        vol.Optional("content"): _CONTENT,
+        vol.Optional("name"): str,
+        vol.Optional("tool_calls"): [dict],
+        vol.Optional("tool_call_id"): str,
+    },
+    extra=vol.ALLOW_EXTRA,
+)
+_PRIORITY_NAMES = [p.label for p in Priority]
+CHAT_REQUEST = vol.Schema(
+    {
+        vol.Required("messages"): vol.All([MESSAGE], vol.Length(min=1, msg="must not be empty")),
+        vol.Optional("model"): str,
+        vol.Optional("stream", default=False): bool,
+        vol.Optional("stream_options"): vol.Any(None, {vol.Optional("include_usage"): bool}),
+        vol.Optional("max_tokens"): vol.Any(None, vol.All(int, vol.Range(min=1))),
+        vol.Optional("max_completion_tokens"): vol.Any(None, vol.All(int, vol.Range(min=1))),
+        vol.Optional("temperature"): vol.Any(
+            None, vol.All(vol.Coerce(float), vol.Range(min=0, max=2))
+        ),
+        vol.Optional("top_p"): vol.Any(
+            None, vol.All(vol.Coerce(float), vol.Range(min=0, max=1, min_included=False))
+        ),
+        vol.Optional("top_k"): vol.Any(None, vol.All(int, vol.Range(min=0))),
+        vol.Optional("seed"): vol.Any(None, int),
+        vol.Optional("stop"): vol.Any(None, str, vol.All([str], vol.Length(max=4))),
+        vol.Optional("n"): vol.Any(
+            None, vol.All(int, vol.Range(min=1, max=1, msg="only n=1 is supported"))
+        ),
+        vol.Optional("user"): vol.Any(None, str),
+        vol.Optional("tools"): vol.Any(
+            None,
+            [
+                {
+                    vol.Required("type"): "function",
+                    vol.Required("function"): {
+                        vol.Required("name"): str,
+                    },
+                }
+            ],
+        ),
+        vol.Optional("tool_choice"): vol.Any(None, str, dict),
+        vol.Optional("fairlane_class"): vol.In(_PRIORITY_NAMES),
+    },
+    extra=vol.ALLOW_EXTRA,  # other OpenAI fields (penalties, logprobs…) are accepted and ignored
+)
+
+
+def _validate(schema: vol.Schema, data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return dict(schema(data))
+    except vol.MultipleInvalid as err:
+        first = err.errors[0]
+        path = ".".join(str(p) for p in first.path)
+        raise ApiError(400, f"{path or 'body'}: {first.msg}", param=path or None) from err
+
+
+async def _json_body(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except json.JSONDecodeError as err:
+        raise ApiError(400, f"the body is not valid JSON: {err.msg} at position {err.pos}") from err
+    except UnicodeDecodeError as err:
+        raise ApiError(400, "the body is not UTF-8 text") from err
+
+
+def _request_class(request: web.Request, body: dict[str, Any], default: Priority) -> Priority:
+    """The class from `X-Fairlane-Class` or the `fairlane_class` field (the field wins)."""
+    value = body.get("fairlane_class") or request.headers.get(CLASS_HEADER)
+    if value is None:
+        return default
+    try:
+        return Priority.parse(value)
+    except ValueError as err:
+        raise ApiError(400, str(err), param="fairlane_class") from err
+
+
+# --- the application -------------------------------------------------------------------------
+
+
+@dataclass
+class Services:
+    config: config_mod.Config
+    device: DeviceLoop
+    engine: LlamaEngine
+    template: ChatTemplate | None
+    template_error: str | None
+    telemetry: Telemetry
+    model_name: str
+    policy_name: str
+
+
+_IDS = itertools.count(1)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return err.response()
+    except web.HTTPRequestEntityTooLarge as err:
+        return ApiError(
+            413, f"the body is larger than the limit ({err.text})", code="body_too_large"
+        ).response()
+    except web.HTTPException as err:
+        if err.status >= 400:
+            return ApiError(err.status, err.reason, kind="invalid_request_error").response()
+        raise
+
+
+def auth_middleware(token: str | None) -> Any:
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if token is None or request.path == "/health":
+            return await handler(request)
+        supplied = request.headers.get("Authorization", "")
+        scheme, _, value = supplied.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip(), token):
+            return ApiError(
+                401,
+                "missing or wrong bearer token",
+                kind="authentication_error",
+                code="invalid_api_key",
+            ).response()
+        return await handler(request)
+
+    return check
+
+
+def create_app(services: Services) -> web.Application:
+    max_bytes = int(services.config.server.max_body_mb * 1024 * 1024)
+    app = web.Application(
+        client_max_size=max_bytes,
+        middlewares=[error_middleware, auth_middleware(services.config.server.token)],
+    )
+    app["services"] = services
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/chat/completions/{id}/cancel", cancel_completion)
+    app.router.add_get("/v1/stats", stats)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
+    return app
+
+
+def _services(request: web.Request) -> Services:
+    return request.app["services"]  # type: ignore[no-any-return]
+
+
+async def health(request: web.Request) -> web.Response:
+    svc = _services(request)
+    return web.json_response(
+        {
+            "status": "ok",
+            "version": __version__,
+            "policy": svc.policy_name,
+            "models": {"llm": svc.model_name},
+        }
+    )
+
+
+async def list_models(request: web.Request) -> web.Response:
+    svc = _services(request)
+    data = [{"id": svc.model_name, "object": "model", "created": 0, "owned_by": "fairlane"}]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def stats(request: web.Request) -> web.Response:
+    svc = _services(request)
+    body = svc.telemetry.stats(svc.device.snapshot())
+    body["policy"] = svc.policy_name
+    body["steps"] = _step_summary(svc.device)
+    return web.json_response(body)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    svc = _services(request)
+    return web.Response(
+        body=svc.telemetry.prometheus(svc.device.snapshot()),
+        content_type="text/plain",
+        charset="utf-8",
+    )
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(OPENAPI)
+
+
+def _step_summary(device: DeviceLoop, last: int = 50) -> list[dict[str, Any]]:
+    records = list(device.records)[-last:]
+    return [
+        {
+            "start": round(r.start, 4),
+            "end": round(r.end, 4),
+            "kind": r.kind.value,
+            "classes": sorted({p.label for p in r.classes}),
+            "sequences": len(r.request_ids),
+            "prefill_tokens": r.prefill_tokens,
+            "decode_seqs": r.decode_seqs,
+        }
+        for r in records
+    ]
+
+
+async def cancel_completion(request: web.Request) -> web.Response:
+    svc = _services(request)
+    completion_id = request.match_info["id"]
+    if not svc.device.cancel(completion_id):
+        raise ApiError(404, f"no running completion {completion_id!r}", code="not_found")
+    return web.json_response({"id": completion_id, "cancelled": True})
+
+
+# --- chat completions --------------------------------------------------------------------------
+
+
+@dataclass
+class _Turn:
+    """One chat completion in flight: its id, queue of token events and measurements."""
+
+    id: str
+    queue: asyncio.Queue[TokenEvent]
+    prompt_tokens: int
+    buffer_tools: bool
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    svc = _services(request)
+    body = _validate(CHAT_REQUEST, await _json_body(request))
+    if svc.template is None:
+        raise ApiError(
+            400, f"this model cannot chat: {svc.template_error}", code="no_chat_template"
+        )
+    priority = _request_class(request, body, Priority.CHAT)
+    tools = body.get("tools") or []
+    if body.get("tool_choice") == "none":
+        tools = []
+    try:
+        prompt_text = svc.template.render(body["messages"], tools or None)
+    except ChatTemplateError as err:
+        raise ApiError(400, str(err), param="messages") from err
+    prompt = await asyncio.to_thread(svc.engine.tokenize, prompt_text)
+    limit = svc.engine.n_ctx
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    max_tokens = max_tokens or svc.config.llm.max_tokens
+    if len(prompt) + 1 > limit:
+        raise ApiError(
+            400,
+            f"the prompt has {len(prompt)} tokens; the context holds {limit}",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    max_tokens = min(max_tokens, limit - len(prompt))
+    stop = body.get("stop")
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.7 if body.get("temperature") is None else body["temperature"],
+        top_p=1.0 if body.get("top_p") is None else body["top_p"],
+        top_k=body.get("top_k") or 0,
+        seed=body.get("seed"),
+        stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+    )
+    turn = _Turn(f"chatcmpl-{uuid.uuid4().hex}", asyncio.Queue(), len(prompt), bool(tools))
+    loop = asyncio.get_running_loop()
+    client = body.get("user") or request.headers.get("X-Fairlane-Client") or "anonymous"
+    policy_request = Request(
+        turn.id, Kind.LLM, priority, client, 0.0, prompt_tokens=len(prompt), max_tokens=max_tokens
+    )
+
+    def sink(event: TokenEvent) -> None:
+        loop.call_soon_threadsafe(turn.queue.put_nowait, event)
+
+    admission = svc.device.submit_llm(policy_request, prompt, params, sink)
+    if not admission.accepted:
+        svc.telemetry.refuse(priority)
+        raise ApiError(
+            429, f"request refused: {admission.reason}", kind="overloaded", code="refused"
+        )
+    record = svc.telemetry.begin(Kind.LLM, priority, client, len(prompt), policy_request.arrival)
+    try:
+        if body["stream"]:
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return await _stream(request, svc, turn, record, tools, include_usage)
+        return await _complete(svc, turn, record, tools)
+    finally:
+        if record.finished_at is None:  # the client went away or the handler failed
+            svc.device.cancel(turn.id)
+            svc.telemetry.finish(record, svc.device.clock(), outcome="cancelled")
+
+
+async def _next_event(turn: _Turn) -> TokenEvent:
+    event = await turn.queue.get()
+    if event.finish_reason and event.finish_reason.startswith("error"):
+        raise ApiError(500, f"the engine failed: {event.finish_reason}", kind="server_error")
+    return event
+
+
+async def _complete(svc: Services, turn: _Turn, record: Any, tools: list[Any]) -> web.Response:
+    parts: list[str] = []
+    while True:
+        event = await _next_event(turn)
+        svc.telemetry.token(record, svc.device.clock())
+        parts.append(event.text)
+        if event.finish_reason:
+            break
+    svc.telemetry.finish(record, svc.device.clock())
+    text = "".join(parts)
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    finish = event.finish_reason
+    calls = parse_tool_calls(text, tools) if tools else None
+    if calls:
+        message = {"role": "assistant", "content": None, "tool_calls": calls}
+        finish = "tool_calls"
+    completion = len(record.token_times)
+    return web.json_response(
+        {
+            "id": turn.id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": svc.model_name,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {
+                "prompt_tokens": turn.prompt_tokens,
+                "completion_tokens": completion,
+                "total_tokens": turn.prompt_tokens + completion,
+            },
+        }
+    )
+
+
+async def _stream(
+    request: web.Request,
+    svc: Services,
+    turn: _Turn,
+    record: Any,
+    tools: list[Any],
+    include_usage: bool,
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    created = int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": turn.id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": svc.model_name,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+
+    async def send(payload: dict[str, Any]) -> None:
+        await response.write(f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode())
+
+    # SSE as OpenAI streams it:
+    #   data: {"choices":[{"delta":{"role":"assistant","content":""}}]}
+    #   data: {"choices":[{"delta":{"content":"The"}}]} …
+    #   data: {"choices":[{"delta":{},"finish_reason":"stop"}]}
+    #   data: [DONE]
+    await send(chunk({"role": "assistant", "content": ""}))
+    held = ""  # with tools offered, text that may still turn out to be a tool call
+    holding = bool(tools)
+    while True:
+        event = await _next_event(turn)
+        svc.telemetry.token(record, svc.device.clock())
+        if holding:
+            held += event.text
+            holding = may_be_tool_call(held)
+            if not holding and held:
+                await send(chunk({"content": held}))
+        elif event.text:
+            await send(chunk({"content": event.text}))
+        if event.finish_reason:
+            break
+    finish = event.finish_reason
+    if held and holding:
+        calls = parse_tool_calls(held, tools)
+        if calls:
+            for index, call in enumerate(calls):
+                await send(chunk({"tool_calls": [{"index": index, **call}]}))
+            finish = "tool_calls"
+        else:
+            await send(chunk({"content": held}))
+    svc.telemetry.finish(record, svc.device.clock())
+    await send(chunk({}, finish))
+    if include_usage:
+        completion = len(record.token_times)
+        usage = {
+            "prompt_tokens": turn.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": turn.prompt_tokens + completion,
+        }
+        await send(
+            {
+                "id": turn.id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": svc.model_name,
+                "choices": [],
+                "usage": usage,
+            }
+        )
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+# --- start-up ----------------------------------------------------------------------------------
+
+
+def build_services(cfg: config_mod.Config) -> Services:
+    """Load the model, start the device loop: everything `serve` needs, ready to use."""
+    profile, device_type = load_profile(cfg.profile)
+    policy_config = cfg.serving_policy(device_type)
+    model_path = models.resolve_llm(cfg.llm.model)
+    engine = LlamaEngine(
+        EngineConfig(
+            model_path=model_path,
+            n_ctx=cfg.llm.n_ctx,
+            n_seq_max=cfg.llm.n_seq_max,
+            n_batch=cfg.llm.n_batch,
+            n_threads=cfg.llm.threads,
+            n_gpu_layers=cfg.llm.gpu_layers,
+        )
+    )
+    template: ChatTemplate | None = None
+    template_error: str | None = None
+    try:
+        template = ChatTemplate(
+            engine.metadata("tokenizer.chat_template"), engine.bos_text, engine.eos_text
+        )
+    except ChatTemplateError as err:
+        template_error = str(err)
+        _LOGGER.warning("%s: %s", model_path.name, err)
+    policy = make_policy(cfg.policy_name, policy_config, CostModel(profile))
+    device = DeviceLoop(policy, engine)
+    device.start()
+    name = cfg.llm.model if cfg.llm.model in models.PACKAGED else model_path.stem
+    return Services(
+        cfg,
+        device,
+        engine,
+        template,
+        template_error,
+        Telemetry(policy_config),
+        name,
+        cfg.policy_name,
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    """`fairlane serve`: flags override the config file; the token may come from FAIRLANE_TOKEN."""
+    log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=log_format)
+    cfg = config_mod.load(args.config)
+    server = cfg.server
+    server = replace(
+        server,
+        host=args.host or server.host,
+        port=args.port if args.port is not None else server.port,
+        token=args.token or os.environ.get("FAIRLANE_TOKEN") or server.token,
+    )
+    cfg = replace(cfg, server=server, policy_name=args.policy or cfg.policy_name)
+    services = build_services(cfg)
+    if cfg.server.token is None and cfg.server.host not in ("127.0.0.1", "localhost", "::1"):
+        _LOGGER.warning(
+            "serving on %s without a token: anyone on the network can use it", cfg.server.host
+        )
+    app = create_app(services)
+    app.on_cleanup.append(lambda _app: _shutdown(services))
+    print(
+        f"fairlane {__version__}: {services.model_name} with the {cfg.policy_name} policy on "
+        f"http://{cfg.server.host}:{cfg.server.port}",
+        flush=True,
+    )
+    web.run_app(app, host=cfg.server.host, port=cfg.server.port, print=None, handle_signals=True)
+    return 0
+
+
+async def _shutdown(services: Services) -> None:
+    await asyncio.to_thread(services.device.stop)
+    with contextlib.suppress(Exception):
+        services.engine.close()

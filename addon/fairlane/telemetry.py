@@ -1,0 +1,180 @@
+"""What people feel, measured at the server: TTFT, ITL, E2E per class, plus throughput.
+
+Times are taken where the client is served (when a token is handed to the HTTP response), with
+the definitions of fairlane.metrics. `/v1/stats` reads a sliding window; `/metrics` exports the
+same observations as Prometheus histograms.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from fairlane.metrics import RequestRecord, percentile
+from fairlane.policy import Kind, PolicyConfig, Priority
+
+_LATENCY_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1,
+    1.5,
+    2,
+    3,
+    5,
+    8,
+    13,
+    20,
+    30,
+    60,
+    120,
+)
+
+
+class Telemetry:
+    def __init__(
+        self,
+        config: PolicyConfig,
+        window_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.window_s = window_s
+        self.clock = clock
+        self.started_at = clock()
+        self.done: deque[RequestRecord] = deque()
+        self.refused: dict[Priority, int] = dict.fromkeys(Priority, 0)
+        self.registry = CollectorRegistry()
+        labels = ["class"]
+        self.ttft = Histogram(
+            "fairlane_ttft_seconds",
+            "Arrival to first token (STT: transcript)",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            "fairlane_itl_seconds",
+            "Gap between consecutive streamed tokens",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "fairlane_e2e_seconds",
+            "Arrival to last token or result",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "fairlane_output_tokens", "Tokens generated", labels, registry=self.registry
+        )
+        self.prompt_tokens = Counter(
+            "fairlane_prompt_tokens", "Prompt tokens admitted", labels, registry=self.registry
+        )
+        self.requests = Counter(
+            "fairlane_requests", "Requests by outcome", ["class", "outcome"], registry=self.registry
+        )
+        self.queue = Gauge(
+            "fairlane_queue_depth", "Requests waiting", labels, registry=self.registry
+        )
+        self.running = Gauge(
+            "fairlane_running_sequences", "Sequences holding KV", labels, registry=self.registry
+        )
+        self.kv = Gauge(
+            "fairlane_kv_used_ratio", "Fraction of KV blocks in use", registry=self.registry
+        )
+
+    # --- observations ------------------------------------------------------------------------
+
+    def begin(
+        self, kind: Kind, priority: Priority, client: str, prompt_tokens: int, arrival: float
+    ) -> RequestRecord:
+        self.prompt_tokens.labels(priority.label).inc(prompt_tokens)
+        return RequestRecord(kind, priority, client, kind.value, arrival, prompt_tokens)
+
+    def token(self, record: RequestRecord, at: float) -> None:
+        label = record.priority.label
+        if record.token_times:
+            self.itl.labels(label).observe(at - record.token_times[-1])
+        else:
+            self.ttft.labels(label).observe(at - record.arrival)
+        record.token_times.append(at)
+        self.tokens.labels(label).inc()
+
+    def finish(self, record: RequestRecord, at: float, outcome: str = "finished") -> None:
+        record.finished_at = at
+        self.requests.labels(record.priority.label, outcome).inc()
+        if outcome == "finished":
+            self.e2e.labels(record.priority.label).observe(at - record.arrival)
+            self.done.append(record)
+
+    def refuse(self, priority: Priority) -> None:
+        self.refused[priority] += 1
+        self.requests.labels(priority.label, "refused").inc()
+
+    # --- reports -----------------------------------------------------------------------------
+
+    def _window(self, now: float) -> list[RequestRecord]:
+        while self.done and (self.done[0].finished_at or 0) < now - self.window_s:
+            self.done.popleft()
+        return list(self.done)
+
+    def stats(self, device: dict[str, Any]) -> dict[str, Any]:
+        """Per-class latency percentiles over the window, throughput, queues and KV use."""
+        now = self.clock()
+        span = min(self.window_s, max(now - self.started_at, 1e-6))
+        records = self._window(now)
+        classes: dict[str, Any] = {}
+        for priority in Priority:
+            mine = [r for r in records if r.priority is priority]
+            slo = self.config.slo[priority]
+            classes[priority.label] = {
+                "requests": len(mine),
+                "ttft_ms": _quantiles([t for r in mine if (t := r.ttft) is not None]),
+                "itl_ms": _quantiles([g for r in mine for g in r.itl]),
+                "e2e_ms": _quantiles([t for r in mine if (t := r.e2e) is not None]),
+                "slo": {"ttft_ms": slo.ttft_ms, "itl_ms": slo.itl_ms},
+                "slo_met": round(sum(r.met(slo) for r in mine) / len(mine), 3) if mine else None,
+                "output_tokens_per_s": round(sum(len(r.token_times) for r in mine) / span, 2),
+                "requests_per_s": round(len(mine) / span, 3),
+                "refused": self.refused[priority],
+                "waiting": device["waiting"][priority.label],
+                "running": device["running"][priority.label],
+            }
+            self.queue.labels(priority.label).set(device["waiting"][priority.label])
+            self.running.labels(priority.label).set(device["running"][priority.label])
+        total = device["kv_total_blocks"] or 1
+        self.kv.set(device["kv_used_blocks"] / total)
+        return {
+            "window_s": round(span, 1),
+            "classes": classes,
+            "kv": {
+                "used_blocks": device["kv_used_blocks"],
+                "total_blocks": total,
+                "block_size": device["kv_block_size"],
+            },
+            "cost_correction": device["cost_correction"],
+        }
+
+    def prometheus(self, device: dict[str, Any]) -> bytes:
+        self.stats(device)  # refresh the gauges
+        return generate_latest(self.registry)
+
+
+def _quantiles(values: list[float]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for q in (50, 95, 99):
+        value = percentile(values, q)
+        out[f"p{q}"] = None if value is None else round(value * 1000, 1)
+    return out
