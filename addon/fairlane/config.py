@@ -147,7 +147,7 @@ class Config:
             self.policy,
             kv_blocks=self.llm.n_ctx // self.policy.block_size,
             max_num_seqs=min(self.policy.max_num_seqs, self.llm.n_seq_max),
-            max_batch_tokens=min(self.policy.max_batch_tokens, self.llm.n_batch),
+            max_batch_tokens=min(self.policy.max_batch_tokens, self.llm.n_ctx),
         )
         return policy.scaled(self.server.cpu_slo_scale) if device == "cpu" else policy
 

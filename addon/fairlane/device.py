@@ -41,6 +41,7 @@ class StepRecord:
     end: float
     kind: Kind
     request_ids: tuple[str, ...]
+    decodes: tuple[str, ...]  # the sequences that fed one generated token (not a prompt chunk)
     classes: tuple[Priority, ...]
     prefill_tokens: int
     decode_seqs: int
@@ -93,9 +94,14 @@ class DeviceLoop:
             return admission
 
     def cancel(self, request_id: str) -> bool:
-        """Drop a request; a running sequence leaves at the next iteration, its KV freed."""
+        """Drop a request; a running sequence leaves at the next iteration, its KV freed.
+
+        Whoever is waiting for its tokens gets a last event with finish reason "cancelled".
+        """
         with self._wake:
-            self._sinks.pop(request_id, None)
+            sink = self._sinks.pop(request_id, None)
+            if sink is not None:
+                sink(TokenEvent(request_id, "", "cancelled"))
             cancelled = self.policy.cancel(request_id, self.clock())
             if cancelled:
                 self._release.append(request_id)
@@ -179,11 +185,12 @@ def _record(plan: StepPlan, start: float, end: float) -> StepRecord:
             end,
             plan.kind,
             plan.request_ids,
+            tuple(c.request_id for c in plan.chunks if c.decode),
             tuple(c.priority for c in plan.chunks),
             plan.prefill_tokens,
             plan.decode_seqs,
             plan.predicted_s,
         )
     return StepRecord(
-        start, end, plan.kind, plan.request_ids, (plan.priority,), 0, 0, plan.predicted_s
+        start, end, plan.kind, plan.request_ids, (), (plan.priority,), 0, 0, plan.predicted_s
     )

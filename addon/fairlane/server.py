@@ -11,10 +11,10 @@ import argparse
 import asyncio
 import contextlib
 import hmac
-import itertools
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -97,24 +97,23 @@ CHAT_REQUEST = vol.Schema(
         vol.Required("messages"): vol.All([MESSAGE], vol.Length(min=1, msg="must not be empty")),
         vol.Optional("model"): str,
         vol.Optional("stream", default=False): bool,
-        vol.Optional("stream_options"): vol.Any(None, {vol.Optional("include_usage"): bool}),
-        vol.Optional("max_tokens"): vol.Any(None, vol.All(int, vol.Range(min=1))),
-        vol.Optional("max_completion_tokens"): vol.Any(None, vol.All(int, vol.Range(min=1))),
+        vol.Optional("stream_options"): vol.Any({vol.Optional("include_usage"): bool}, None),
+        vol.Optional("max_tokens"): vol.Any(vol.All(int, vol.Range(min=1)), None),
+        vol.Optional("max_completion_tokens"): vol.Any(vol.All(int, vol.Range(min=1)), None),
         vol.Optional("temperature"): vol.Any(
-            None, vol.All(vol.Coerce(float), vol.Range(min=0, max=2))
+            vol.All(vol.Coerce(float), vol.Range(min=0, max=2)), None
         ),
         vol.Optional("top_p"): vol.Any(
-            None, vol.All(vol.Coerce(float), vol.Range(min=0, max=1, min_included=False))
+            vol.All(vol.Coerce(float), vol.Range(min=0, max=1, min_included=False)), None
         ),
-        vol.Optional("top_k"): vol.Any(None, vol.All(int, vol.Range(min=0))),
-        vol.Optional("seed"): vol.Any(None, int),
-        vol.Optional("stop"): vol.Any(None, str, vol.All([str], vol.Length(max=4))),
+        vol.Optional("top_k"): vol.Any(vol.All(int, vol.Range(min=0)), None),
+        vol.Optional("seed"): vol.Any(int, None),
+        vol.Optional("stop"): vol.Any(str, vol.All([str], vol.Length(max=4)), None),
         vol.Optional("n"): vol.Any(
-            None, vol.All(int, vol.Range(min=1, max=1, msg="only n=1 is supported"))
+            vol.All(int, vol.Range(min=1, max=1, msg="only n=1 is supported")), None
         ),
-        vol.Optional("user"): vol.Any(None, str),
+        vol.Optional("user"): vol.Any(str, None),
         vol.Optional("tools"): vol.Any(
-            None,
             [
                 {
                     vol.Required("type"): "function",
@@ -123,8 +122,9 @@ CHAT_REQUEST = vol.Schema(
                     },
                 }
             ],
+            None,
         ),
-        vol.Optional("tool_choice"): vol.Any(None, str, dict),
+        vol.Optional("tool_choice"): vol.Any(str, dict, None),
         vol.Optional("fairlane_class"): vol.In(_PRIORITY_NAMES),
     },
     extra=vol.ALLOW_EXTRA,  # other OpenAI fields (penalties, logprobs…) are accepted and ignored
@@ -177,7 +177,7 @@ class Services:
     policy_name: str
 
 
-_IDS = itertools.count(1)
+SERVICES = web.AppKey("services", Services)
 
 
 @web.middleware
@@ -221,7 +221,7 @@ def create_app(services: Services) -> web.Application:
         client_max_size=max_bytes,
         middlewares=[error_middleware, auth_middleware(services.config.server.token)],
     )
-    app["services"] = services
+    app[SERVICES] = services
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -233,7 +233,7 @@ def create_app(services: Services) -> web.Application:
 
 
 def _services(request: web.Request) -> Services:
-    return request.app["services"]  # type: ignore[no-any-return]
+    return request.app[SERVICES]
 
 
 async def health(request: web.Request) -> web.Response:
@@ -383,18 +383,25 @@ async def _next_event(turn: _Turn) -> TokenEvent:
     return event
 
 
+def _finish(svc: Services, record: Any, event: TokenEvent) -> None:
+    # A cancelled turn ends its stream cleanly; it is counted as cancelled, not as served.
+    outcome = "cancelled" if event.finish_reason == "cancelled" else "finished"
+    svc.telemetry.finish(record, svc.device.clock(), outcome=outcome)
+
+
 async def _complete(svc: Services, turn: _Turn, record: Any, tools: list[Any]) -> web.Response:
     parts: list[str] = []
     while True:
         event = await _next_event(turn)
-        svc.telemetry.token(record, svc.device.clock())
+        if event.finish_reason != "cancelled":
+            svc.telemetry.token(record, svc.device.clock())
         parts.append(event.text)
         if event.finish_reason:
             break
-    svc.telemetry.finish(record, svc.device.clock())
+    _finish(svc, record, event)
     text = "".join(parts)
     message: dict[str, Any] = {"role": "assistant", "content": text}
-    finish = event.finish_reason
+    finish = "stop" if event.finish_reason == "cancelled" else event.finish_reason
     calls = parse_tool_calls(text, tools) if tools else None
     if calls:
         message = {"role": "assistant", "content": None, "tool_calls": calls}
@@ -452,7 +459,8 @@ async def _stream(
     holding = bool(tools)
     while True:
         event = await _next_event(turn)
-        svc.telemetry.token(record, svc.device.clock())
+        if event.finish_reason != "cancelled":
+            svc.telemetry.token(record, svc.device.clock())
         if holding:
             held += event.text
             holding = may_be_tool_call(held)
@@ -471,8 +479,8 @@ async def _stream(
             finish = "tool_calls"
         else:
             await send(chunk({"content": held}))
-    svc.telemetry.finish(record, svc.device.clock())
-    await send(chunk({}, finish))
+    _finish(svc, record, event)
+    await send(chunk({}, "stop" if finish == "cancelled" else finish))
     if include_usage:
         completion = len(record.token_times)
         usage = {
@@ -571,3 +579,40 @@ async def _shutdown(services: Services) -> None:
     await asyncio.to_thread(services.device.stop)
     with contextlib.suppress(Exception):
         services.engine.close()
+
+
+class BackgroundServer:
+    """The real server on 127.0.0.1 in a thread of this process (tests and benchmarks).
+
+    Same app, same device loop, same engine as `fairlane serve`; only the event loop runs in a
+    thread so the caller can use blocking clients and read the device's step records.
+    """
+
+    def __init__(self, cfg: config_mod.Config) -> None:
+        self.services = build_services(cfg)
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(create_app(self.services))
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", cfg.server.port)
+        self.loop.run_until_complete(site.start())
+        sockets: Any = getattr(site._server, "sockets", None)  # the port the OS picked
+        self.port = int(sockets[0].getsockname()[1]) if sockets else cfg.server.port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="fairlane-http", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.run_until_complete(self.runner.cleanup())
+        self.loop.close()
+        self.services.device.stop()
+        self.services.engine.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

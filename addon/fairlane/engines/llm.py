@@ -101,7 +101,9 @@ class LlamaEngine:
         threads = config.n_threads or default_threads()
         params = lc.llama_context_default_params()
         params.n_ctx = config.n_ctx
-        params.n_batch = config.n_batch
+        # One llama_decode may carry up to a context's worth of tokens (the policy decides how
+        # many); llama.cpp computes it in micro-batches of n_batch.
+        params.n_batch = config.n_ctx
         params.n_ubatch = config.n_batch
         params.n_seq_max = config.n_seq_max
         params.n_threads = threads
@@ -114,7 +116,7 @@ class LlamaEngine:
             raise EngineError("llama.cpp could not create a context (out of memory?)")
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.memory = lc.llama_get_memory(self.ctx)
-        self.batch = lc.llama_batch_init(config.n_batch, 0, 1)
+        self.batch = lc.llama_batch_init(config.n_ctx, 0, 1)
         self.n_ctx = lc.llama_n_ctx(self.ctx)
         self.free_ids = list(range(config.n_seq_max - 1, -1, -1))
         self.sequences: dict[str, Sequence] = {}

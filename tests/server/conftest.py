@@ -1,0 +1,25 @@
+"""A real Fairlane server (real model, real HTTP on 127.0.0.1) for the API tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from fairlane import config
+from fairlane.server import BackgroundServer
+
+TOKEN = "test-token"
+
+
+def server_config(policy: str = "fairlane", **llm: object) -> config.Config:
+    cfg = config.parse({"server": {"port": 0, "token": TOKEN},
+                        "llm": {"n_ctx": 4096, "n_seq_max": 8, "max_tokens": 64, **llm}})
+    return replace(cfg, policy_name=policy)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[BackgroundServer]:
+    with BackgroundServer(server_config()) as running:
+        yield running

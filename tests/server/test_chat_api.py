@@ -1,0 +1,233 @@
+"""The OpenAI chat API on the real default model: clients, batching, cancellation, bad input."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import openai
+import pytest
+
+from fairlane.server import BackgroundServer
+from tests.server.conftest import TOKEN
+
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+
+
+def client(server: BackgroundServer, token: str = TOKEN) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=token, max_retries=0)
+
+
+def http(server: BackgroundServer, method: str, path: str, body: bytes | dict | None = None,
+         token: str | None = TOKEN, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    request = urllib.request.Request(f"{server.url}{path}", data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    for key, value in (headers or {}).items():
+        request.add_header(key, value)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            raw = response.read()
+            status = response.status
+    except urllib.error.HTTPError as err:
+        raw, status = err.read(), err.code
+    try:
+        return status, json.loads(raw)
+    except json.JSONDecodeError:
+        return status, raw.decode()
+
+
+# --- the official client ---------------------------------------------------------------------
+
+
+def test_openai_client_streams_a_real_answer(server: BackgroundServer) -> None:
+    stream = client(server).chat.completions.create(
+        model="qwen2.5-coder-0.5b-instruct", messages=QUESTION, stream=True, temperature=0,
+        stream_options={"include_usage": True},
+    )
+    pieces, usage, finish = [], None, None
+    for chunk in stream:
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage:
+            usage = chunk.usage
+    text = "".join(pieces)
+    assert "Paris" in text and len(pieces) > 3  # streamed token by token
+    assert finish == "stop"
+    assert usage is not None and usage.completion_tokens > 0 and usage.prompt_tokens > 10
+
+
+def test_non_streaming_completion_has_usage(server: BackgroundServer) -> None:
+    reply = client(server).chat.completions.create(
+        model="x", messages=QUESTION, temperature=0, max_tokens=5
+    )
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 5
+    assert reply.choices[0].message.content
+
+
+def test_tool_call_comes_back_in_openai_shape(server: BackgroundServer) -> None:
+    tools = [{"type": "function", "function": {
+        "name": "light_turn_on", "description": "Turn on a light in the house",
+        "parameters": {"type": "object", "properties": {"name": {"type": "string"}},
+                       "required": ["name"]}}}]
+    messages = [{"role": "user", "content": "Turn on the kitchen lights."}]
+    reply = client(server).chat.completions.create(model="x", messages=messages, tools=tools,
+                                                   temperature=0)
+    call = reply.choices[0].message.tool_calls[0]
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "light_turn_on"
+    assert "kitchen" in json.loads(call.function.arguments)["name"].lower()
+
+    # The tool's result goes back as a `tool` message and the model answers in words.
+    follow_up = messages + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"success": true}'},
+    ]
+    answer = client(server).chat.completions.create(model="x", messages=follow_up, tools=tools,
+                                                    temperature=0, max_tokens=40)
+    assert answer.choices[0].message.content
+
+
+def test_models_health_stats_metrics_and_openapi(server: BackgroundServer) -> None:
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == ["qwen2.5-coder-0.5b-instruct"]
+    assert http(server, "GET", "/health", token=None) == (200, http(server, "GET", "/health")[1])
+    status, stats = http(server, "GET", "/v1/stats")
+    assert status == 200 and set(stats["classes"]) == {"voice", "chat", "background"}
+    assert stats["classes"]["chat"]["ttft_ms"]["p50"] is not None  # earlier tests ran chats
+    status, text = http(server, "GET", "/metrics")
+    assert status == 200 and "fairlane_ttft_seconds_bucket" in text
+    status, spec = http(server, "GET", "/openapi.json")
+    assert status == 200 and "/v1/chat/completions" in spec["paths"]
+
+
+# --- continuous batching and cancellation ----------------------------------------------------
+
+
+def _stream_in_thread(server: BackgroundServer, tag: str, out: dict, max_tokens: int = 40,
+                      cls: str = "chat", prompt: str | None = None) -> threading.Thread:
+    def run() -> None:
+        stream = client(server).chat.completions.create(
+            model="x", stream=True, temperature=0, max_tokens=max_tokens,
+            messages=[{"role": "user", "content": prompt or f"Count slowly from one ({tag})."}],
+            extra_body={"fairlane_class": cls},
+        )
+        times = []
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                times.append(time.monotonic())
+            out.setdefault(f"{tag}-id", chunk.id)
+        out[tag] = times
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_concurrent_streams_share_iterations_and_late_arrivals_join(server) -> None:
+    out: dict = {}
+    first = [_stream_in_thread(server, f"s{i}", out) for i in range(3)]
+    time.sleep(1.0)
+    late = _stream_in_thread(server, "late", out)
+    for thread in [*first, late]:
+        thread.join(timeout=300)
+    records = list(server.services.device.records)
+    ids = {tag: out[f"{tag}-id"] for tag in ("s0", "s1", "s2", "late")}
+    mine = [r for r in records if set(r.request_ids) & set(ids.values())]
+    assert max(len(r.request_ids) for r in mine) >= 3  # one llama_decode, several sequences
+    early = {ids["s0"], ids["s1"], ids["s2"]}
+    # The late request shared an iteration with an earlier one that had not finished yet.
+    assert any(ids["late"] in r.request_ids and early & set(r.decodes) for r in mine)
+
+
+def test_disconnect_frees_kv_within_an_iteration_and_ids_are_reused(server) -> None:
+    device, engine = server.services.device, server.services.engine
+    stream = client(server).chat.completions.create(
+        model="x", messages=QUESTION, stream=True, max_tokens=2000, temperature=0.8,
+        extra_body={"fairlane_class": "chat"},
+    )
+    iterator = iter(stream)
+    chunk = next(iterator)
+    request_id = chunk.id
+    for _ in range(3):
+        next(iterator)
+    assert request_id in device.policy.kv.held
+    stream.close()  # the client goes away mid-stream
+    deadline = time.monotonic() + 30
+    while request_id in device.policy.kv.held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert request_id not in device.policy.kv.held
+    assert request_id not in engine.sequences
+    time.sleep(0.2)
+    last = [r for r in device.records if request_id in r.request_ids][-1]
+    later = [r for r in device.records if r.start > last.end]
+    assert all(request_id not in r.request_ids for r in later)
+    assert sorted(engine.free_ids) == list(range(engine.config.n_seq_max))  # ids back in the pool
+
+
+def test_cancel_endpoint_stops_a_running_completion(server) -> None:
+    out: dict = {}
+    thread = _stream_in_thread(server, "victim", out, max_tokens=2000)
+    deadline = time.monotonic() + 60
+    while "victim-id" not in out and time.monotonic() < deadline:
+        time.sleep(0.01)
+    status, body = http(server, "POST", f"/v1/chat/completions/{out['victim-id']}/cancel")
+    assert status == 200 and body["cancelled"]
+    thread.join(timeout=60)
+    assert len(out.get("victim", [])) < 2000
+    assert http(server, "POST", "/v1/chat/completions/nope/cancel")[0] == 404
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        ({"messages": []}, 400, "messages"),
+        ({}, 400, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+        ({"messages": QUESTION, "temperature": "hot"}, 400, "temperature"),
+        ({"messages": QUESTION, "temperature": 5}, 400, "temperature"),
+        ({"messages": QUESTION, "top_p": 0}, 400, "top_p"),
+        ({"messages": QUESTION, "max_tokens": 0}, 400, "max_tokens"),
+        ({"messages": QUESTION, "max_tokens": "many"}, 400, "max_tokens"),
+        ({"messages": QUESTION, "n": 2}, 400, "n=1"),
+        ({"messages": QUESTION, "stream": "yes"}, 400, "stream"),
+        ({"messages": QUESTION, "fairlane_class": "urgent"}, 400, "fairlane_class"),
+        ({"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "context holds"),
+    ],
+)
+def test_bad_input_gets_a_4xx_with_a_message(server, body, status, message) -> None:
+    got, reply = http(server, "POST", "/v1/chat/completions", body)
+    assert got == status
+    assert message in reply["error"]["message"]
+    assert reply["error"]["type"] == "invalid_request_error"
+
+
+def test_auth_is_required_except_for_health(server) -> None:
+    assert http(server, "GET", "/v1/models", token=None)[0] == 401
+    status, reply = http(server, "GET", "/v1/models", token="wrong")
+    assert status == 401 and reply["error"]["type"] == "authentication_error"
+    with pytest.raises(openai.AuthenticationError):
+        client(server, token="wrong").chat.completions.create(model="x", messages=QUESTION)
+    assert http(server, "GET", "/health", token=None)[0] == 200
+
+
+def test_unknown_route_and_class_header(server) -> None:
+    status, reply = http(server, "GET", "/v1/nothing")
+    assert status == 404 and reply["error"]["message"]
+    status, reply = http(server, "POST", "/v1/chat/completions",
+                         {"messages": QUESTION, "max_tokens": 2},
+                         headers={"X-Fairlane-Class": "loud"})
+    assert status == 400 and "unknown class" in reply["error"]["message"]
