@@ -34,7 +34,12 @@ simulate: install
 	$(BIN)/fairlane simulate --profile rtx4090 --json reports/simulate-rtx4090.json --plot reports/simulate-rtx4090.png
 
 bench: install
-	$(BIN)/fairlane bench scheduler
+	scripts/build-llama-server.sh
+	mkdir -p reports
+	$(BIN)/fairlane bench scheduler --json reports/bench-scheduler.json
+	$(BIN)/fairlane bench engine --json reports/bench-engine.json
+	$(BIN)/fairlane bench throughput --json reports/bench-throughput.json
+	$(BIN)/fairlane bench interference --json reports/bench-interference.json
 
 clean:
-	rm -rf $(VENV) reports .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) reports .bench .pytest_cache .mypy_cache .ruff_cache

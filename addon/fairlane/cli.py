@@ -38,11 +38,28 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from fairlane.bench import scheduler_decision_time
+    from fairlane.bench import llm
+    from fairlane.bench.scheduler import scheduler_decision_time
 
+    threads = args.threads or _default_threads()
     if args.what == "scheduler":
-        scheduler_decision_time(sizes=args.sizes, steps=args.steps)
+        result: object = scheduler_decision_time(sizes=args.sizes, steps=args.steps)
+    elif args.what == "engine":
+        result = llm.engine_costs(threads)
+    elif args.what == "throughput":
+        result = llm.throughput(args.streams, threads, args.max_tokens)
+    else:
+        result = llm.interference(["fairlane", "fcfs"], threads, args.chats, args.background)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
+
+
+def _default_threads() -> int:
+    from fairlane.engines.llm import default_threads
+
+    return default_threads()
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -77,9 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=_simulate)
 
     bench = sub.add_parser("bench", help="benchmarks (printed figures)")
-    bench.add_argument("what", choices=["scheduler"])
-    bench.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256])
-    bench.add_argument("--steps", type=int, default=2000)
+    bench.add_argument("what", choices=["scheduler", "engine", "throughput", "interference"])
+    bench.add_argument(
+        "--sizes", type=int, nargs="+", default=[8, 64, 256], help="scheduler: running sequences"
+    )
+    bench.add_argument("--steps", type=int, default=2000, help="scheduler: steps to time")
+    bench.add_argument("--threads", type=int, help="engine threads (default: cores owned)")
+    bench.add_argument(
+        "--streams", type=int, nargs="+", default=[1, 4, 8], help="throughput: concurrent streams"
+    )
+    bench.add_argument("--max-tokens", type=int, default=64, help="throughput: tokens a stream")
+    bench.add_argument("--chats", type=int, default=10, help="interference: chat turns per phase")
+    bench.add_argument(
+        "--background", type=int, default=2, help="interference: concurrent background streams"
+    )
+    bench.add_argument("--json", help="write the figures here")
     bench.set_defaults(func=_bench)
     return parser
 

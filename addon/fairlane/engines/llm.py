@@ -229,6 +229,8 @@ class LlamaEngine:
                 batch.logits[n - 1] = 1
                 sampling.append((seq, n - 1))
         batch.n_tokens = n
+        if n == 0:  # only preemptions: nothing to compute
+            return StepResult(0.0, ()), []
         start = clock()
         status = lc.llama_decode(self.ctx, batch)
         if status != 0:

@@ -1,0 +1,1 @@
+"""Benchmarks that print figures side by side (never timed tests): `fairlane bench WHAT`."""

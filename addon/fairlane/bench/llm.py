@@ -1,0 +1,277 @@
+"""LLM benchmarks on the real engine, side by side in one run.
+
+- `fairlane bench engine`: this machine's step costs (feeds the CPU cost profile).
+- `fairlane bench throughput`: aggregate decode tokens/s and per-stream ITL at 1, 4 and 8
+  concurrent streams, Fairlane against llama.cpp's own `llama-server --parallel N`
+  (same GGUF, same threads).
+- `fairlane bench interference`: chat TTFT p95 while long background prompts saturate the
+  device, divided by idle chat TTFT p95, for the fairlane and fcfs policies.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fairlane import models
+from fairlane.bench.servers import (
+    ServerProcess,
+    StreamTiming,
+    fairlane_server,
+    free_port,
+    stream_chat,
+)
+from fairlane.metrics import percentile
+
+COUNT = [{"role": "user", "content": "Count from 1 to 300, separated by commas."}]
+SHORT_CHAT = [{"role": "user", "content": "Suggest a name for a kitten. One word."}]
+MANUAL = (
+    "The dishwasher has three programmes. Eco washes at 45 degrees and takes three hours; "
+    "Quick washes at 55 degrees in forty minutes; Intensive reaches 70 degrees for pans. "
+    "Clean the filter every month and refill the rinse aid when the light is on. "
+)
+BACKGROUND = [{"role": "user", "content": "Summarise this manual:\n" + MANUAL * 20}]
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+# --- engine step costs --------------------------------------------------------------------------
+
+
+def engine_costs(threads: int) -> dict[str, Any]:
+    """Prefill cost per token and decode iteration time at 1/2/4/8 sequences, on this machine."""
+    from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams
+    from fairlane.policy import Chunk, LlmPlan, Priority
+
+    engine = LlamaEngine(
+        EngineConfig(
+            models.resolve_llm(models.DEFAULT_LLM),
+            n_ctx=4096,
+            n_seq_max=8,
+            n_batch=512,
+            n_threads=threads,
+        )
+    )
+    tokens = engine.tokenize(MANUAL * 40)
+    params = SamplingParams(max_tokens=1000, temperature=0)
+    out: dict[str, Any] = {
+        "threads": engine.threads,
+        "prefill_ms_per_token": {},
+        "decode_ms_per_iteration": {},
+    }
+    print(f"engine step costs, {engine.threads} threads (median of repeats)")
+    for size in (64, 256, 512):
+        times = []
+        for _ in range(3):
+            engine.add("p", tokens[:size], params)
+            plan = LlmPlan((Chunk("p", 0, size, True, False, Priority.CHAT),), (), 0.0, size)
+            result, _ = engine.execute(plan)
+            engine.release("p")
+            times.append(result.elapsed_s)
+        per_token = sorted(times)[1] / size
+        out["prefill_ms_per_token"][size] = round(per_token * 1000, 2)
+        print(f"  prefill {size:>4} tokens: {per_token * 1000:.2f} ms/token")
+    for seqs in (1, 2, 4, 8):
+        for i in range(seqs):
+            engine.add(f"s{i}", tokens[:64], params)
+        engine.execute(
+            LlmPlan(
+                tuple(Chunk(f"s{i}", 0, 64, True, False, Priority.CHAT) for i in range(seqs)),
+                (),
+                0.0,
+                0,
+            )
+        )
+        times = []
+        for step in range(12):
+            plan = LlmPlan(
+                tuple(Chunk(f"s{i}", 64 + step, 1, True, True, Priority.CHAT) for i in range(seqs)),
+                (),
+                0.0,
+                0,
+            )
+            times.append(engine.execute(plan)[0].elapsed_s)
+        for i in range(seqs):
+            engine.release(f"s{i}")
+        median = sorted(times)[len(times) // 2]
+        out["decode_ms_per_iteration"][seqs] = round(median * 1000, 1)
+        print(
+            f"  decode, {seqs} sequences: {median * 1000:.1f} ms/iteration "
+            f"({seqs / median:.0f} tok/s)"
+        )
+    engine.close()
+    return out
+
+
+# --- throughput against llama-server -------------------------------------------------------------
+
+
+def llama_server_binary() -> Path:
+    """llama.cpp's server from scripts/build-llama-server.sh (or $FAIRLANE_LLAMA_SERVER)."""
+    path = Path(os.environ.get("FAIRLANE_LLAMA_SERVER", ".bench/llama-server/bin/llama-server"))
+    if not path.is_file():
+        raise ValueError(f"no llama-server at {path}: run scripts/build-llama-server.sh first")
+    return path
+
+
+def llama_server(parallel: int, threads: int) -> ServerProcess:
+    """llama.cpp's server with N slots (continuous batching), CPU only, same GGUF and threads."""
+    port = free_port()
+    argv = [
+        str(llama_server_binary()),
+        "-m",
+        str(models.resolve_llm(models.DEFAULT_LLM)),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-t",
+        str(threads),
+        "-c",
+        "8192",
+        "-np",
+        str(parallel),
+        "-ngl",
+        "0",
+        "--jinja",
+        "--no-webui",
+    ]
+    return ServerProcess(argv, port)
+
+
+def _concurrent(
+    url: str,
+    streams: int,
+    messages: list[dict[str, Any]],
+    max_tokens: int,
+    extra: dict[str, Any] | None = None,
+) -> list[StreamTiming]:
+    results: list[StreamTiming | None] = [None] * streams
+
+    def run(index: int) -> None:
+        results[index] = stream_chat(url, messages, max_tokens, extra)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [r for r in results if r is not None]
+
+
+def _throughput_row(name: str, streams: int, timings: list[StreamTiming]) -> dict[str, Any]:
+    tokens = sum(len(t.token_times) for t in timings)
+    start = min(t.sent for t in timings)
+    end = max(t.token_times[-1] for t in timings if t.token_times)
+    gaps = [g for t in timings for g in t.gaps]
+    first = [t.ttft for t in timings if t.ttft is not None]
+    return {
+        "server": name,
+        "streams": streams,
+        "tokens": tokens,
+        "aggregate_tok_s": round(tokens / (end - start), 1),
+        "itl_p50_ms": round((percentile(gaps, 50) or 0) * 1000, 1),
+        "itl_p95_ms": round((percentile(gaps, 95) or 0) * 1000, 1),
+        "ttft_p50_ms": round((percentile(first, 50) or 0) * 1000, 1),
+        "errors": sum(1 for t in timings if t.error),
+    }
+
+
+def throughput(streams: list[int], threads: int, max_tokens: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    servers: list[tuple[str, Callable[[int], ServerProcess]]] = [
+        ("fairlane", lambda n: fairlane_server("fairlane", threads, max(streams))),
+        ("llama-server", lambda n: llama_server(n, threads)),
+    ]
+    for name, start in servers:
+        for count in streams:
+            with start(count) as server:
+                stream_chat(server.url, SHORT_CHAT, 4)  # warm-up
+                rows.append(
+                    _throughput_row(name, count, _concurrent(server.url, count, COUNT, max_tokens))
+                )
+            print(f"  {name} × {count}: {rows[-1]['aggregate_tok_s']} tok/s", flush=True)
+    print(f"\ndecode throughput, {threads} threads, {max_tokens} tokens a stream, same GGUF")
+    print(
+        f"{'streams':>8}{'server':>14}{'agg tok/s':>11}{'ITL p50':>9}{'ITL p95':>9}"
+        f"{'TTFT p50':>10}{'ratio':>8}"
+    )
+    for count in streams:
+        base = next(r for r in rows if r["server"] == "llama-server" and r["streams"] == count)
+        for row in (r for r in rows if r["streams"] == count):
+            ratio = row["aggregate_tok_s"] / base["aggregate_tok_s"]
+            print(
+                f"{count:>8}{row['server']:>14}{row['aggregate_tok_s']:>11}"
+                f"{row['itl_p50_ms']:>9}{row['itl_p95_ms']:>9}{row['ttft_p50_ms']:>10}"
+                f"{ratio:>8.2f}"
+            )
+    return rows
+
+
+# --- interference ------------------------------------------------------------------------------
+
+
+def _background_load(url: str, stop: threading.Event, done: list[StreamTiming]) -> None:
+    """Keep one background stream of long prompts going until `stop`."""
+    extra = {"fairlane_class": "background", "user": "documents"}
+    while not stop.is_set():
+        done.append(stream_chat(url, BACKGROUND, 8, extra))
+
+
+def interference(
+    policies: list[str], threads: int, chats: int, background_streams: int
+) -> list[dict[str, Any]]:
+    """Chat TTFT when background long prompts saturate the device, against the idle TTFT."""
+    rows: list[dict[str, Any]] = []
+    for policy in policies:
+        with fairlane_server(policy, threads, 8) as server:
+            chat = {"fairlane_class": "chat", "user": "parent"}
+            stream_chat(server.url, SHORT_CHAT, 4, chat)  # warm-up
+            idle = [stream_chat(server.url, SHORT_CHAT, 8, chat) for _ in range(chats)]
+            stop = threading.Event()
+            background_done: list[StreamTiming] = []
+            loaders = [
+                threading.Thread(target=_background_load, args=(server.url, stop, background_done))
+                for _ in range(background_streams)
+            ]
+            for loader in loaders:
+                loader.start()
+            time.sleep(3.0)  # let the background saturate the device
+            loaded = []
+            for i in range(chats):
+                loaded.append(stream_chat(server.url, SHORT_CHAT, 8, chat))
+                time.sleep(0.3 + 0.1 * (i % 3))
+            stop.set()
+            for loader in loaders:
+                loader.join()
+        idle_p95 = percentile([t.ttft for t in idle if t.ttft is not None], 95)
+        loaded_p95 = percentile([t.ttft for t in loaded if t.ttft is not None], 95)
+        row: dict[str, Any] = {
+            "policy": policy,
+            "idle_ttft_p95_s": idle_p95,
+            "loaded_ttft_p95_s": loaded_p95,
+            "ratio": (loaded_p95 / idle_p95) if idle_p95 and loaded_p95 else None,
+            "background_requests_done": len([t for t in background_done if t.token_times]),
+        }
+        rows.append(row)
+        print(
+            f"  {policy}: idle p95 {_ms(idle_p95)} ms, loaded p95 {_ms(loaded_p95)} ms", flush=True
+        )
+    print(
+        f"\nchat TTFT under background load ({background_streams} streams of "
+        f"~1,000-token prompts), {chats} chats each, {threads} threads"
+    )
+    print(f"{'policy':>10}{'idle p95 ms':>13}{'loaded p95 ms':>15}{'ratio':>8}{'bg done':>9}")
+    for row in rows:
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        print(
+            f"{row['policy']:>10}{_ms(row['idle_ttft_p95_s']):>13}"
+            f"{_ms(row['loaded_ttft_p95_s']):>15}{ratio:>8}{row['background_requests_done']:>9}"
+        )
+    return rows

@@ -1,0 +1,139 @@
+"""Servers as separate processes, and a streaming client that measures what a person feels."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """A server started as a subprocess, ready once /health answers; stopped on exit."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        port: int,
+        env: dict[str, str] | None = None,
+        ready_path: str = "/health",
+        timeout_s: float = 180,
+    ) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115
+        self.process = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {Path(self.log.name).read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(self.url + ready_path, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        self.close()
+        raise RuntimeError(f"server not ready in {timeout_s:.0f} s")
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def fairlane_server(
+    policy: str, threads: int, n_seq_max: int, extra: dict[str, Any] | None = None
+) -> ServerProcess:
+    """`fairlane serve` on the default model, configured by a temporary YAML file."""
+    port = free_port()
+    cfg = {
+        "server": {"port": port},
+        "llm": {"threads": threads, "n_seq_max": n_seq_max, "n_ctx": 8192},
+    }
+    for section, values in (extra or {}).items():
+        cfg.setdefault(section, {}).update(values)
+    path = Path(tempfile.mkdtemp()) / "fairlane.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    argv = [sys.executable, "-m", "fairlane", "serve", "--config", str(path), "--policy", policy]
+    return ServerProcess(argv, port)
+
+
+@dataclass
+class StreamTiming:
+    """One streamed completion as the client saw it."""
+
+    sent: float
+    token_times: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.sent if self.token_times else None
+
+    @property
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False)]
+
+
+def stream_chat(
+    url: str,
+    messages: list[dict[str, Any]],
+    max_tokens: int,
+    extra: dict[str, Any] | None = None,
+    token: str | None = None,
+) -> StreamTiming:
+    """POST a streaming chat completion and time every content chunk (plain HTTP, no SDK)."""
+    body = {
+        "model": "default",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0,
+        **(extra or {}),
+    }
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    timing = StreamTiming(time.monotonic())
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                choices = chunk.get("choices") or []
+                if choices and (choices[0].get("delta") or {}).get("content"):
+                    timing.token_times.append(time.monotonic())
+    except OSError as err:
+        timing.error = str(err)
+    return timing
