@@ -69,7 +69,7 @@ def test_template_renders_tools_text_parts_and_dict_arguments() -> None:
 
 
 def test_template_errors_are_chat_template_errors() -> None:
-    with pytest.raises(ChatTemplateError, match="no tokenizer.chat_template"):
+    with pytest.raises(ChatTemplateError, match=r"no tokenizer\.chat_template"):
         ChatTemplate("")
     failing = ChatTemplate("{{ raise_exception('roles must alternate') }}")
     with pytest.raises(ChatTemplateError, match="roles must alternate"):

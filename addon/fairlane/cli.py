@@ -49,7 +49,10 @@ def _bench(args: argparse.Namespace) -> int:
     elif args.what == "throughput":
         result = llm.throughput(args.streams, threads, args.max_tokens)
     else:
-        result = llm.interference(["fairlane", "fcfs"], threads, args.chats, args.background)
+        policy = {"slice_ms": args.slice_ms} if args.slice_ms else None
+        result = llm.interference(
+            ["fairlane", "fcfs"], threads, args.chats, args.background, policy
+        )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))
@@ -108,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--background", type=int, default=2, help="interference: concurrent background streams"
     )
+    bench.add_argument("--slice-ms", type=float, help="interference: the policy's slice_ms")
     bench.add_argument("--json", help="write the figures here")
     bench.set_defaults(func=_bench)
     return parser

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-class ModelError(RuntimeError):
+class ModelError(ValueError):
     """A model that cannot be found or does not verify; the message says what to do."""
 
 

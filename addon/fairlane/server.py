@@ -368,7 +368,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         if body["stream"]:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await _stream(request, svc, turn, record, tools, include_usage)
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await response.prepare(request)
+            # A client that goes away mid-stream: `finally` cancels its sequence.
+            with contextlib.suppress(ConnectionResetError):
+                await _stream(response, svc, turn, record, tools, include_usage)
+            return response
         return await _complete(svc, turn, record, tools)
     finally:
         if record.finished_at is None:  # the client went away or the handler failed
@@ -424,17 +431,13 @@ async def _complete(svc: Services, turn: _Turn, record: Any, tools: list[Any]) -
 
 
 async def _stream(
-    request: web.Request,
+    response: web.StreamResponse,
     svc: Services,
     turn: _Turn,
     record: Any,
     tools: list[Any],
     include_usage: bool,
-) -> web.StreamResponse:
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
+) -> None:
     created = int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -500,7 +503,6 @@ async def _stream(
         )
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
-    return response
 
 
 # --- start-up ----------------------------------------------------------------------------------

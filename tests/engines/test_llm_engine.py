@@ -72,7 +72,7 @@ def test_preempted_sequence_resumes_by_recomputation(engine: LlamaEngine) -> Non
     # Preempted: its cells are dropped, its id goes back; the next plan recomputes everything.
     engine.execute(LlmPlan((), ("p",), 0.0, 0))
     assert engine.sequences["p"].seq_id is None and seq_id in engine.free_ids
-    result, events = engine.execute(
+    result, _ = engine.execute(
         LlmPlan((Chunk("p", 0, known, True, False, Priority.BACKGROUND),), (), 0.0, 0)
     )
     assert result.outputs[0].new_tokens == 1 and len(engine.sequences["p"].tokens) == known + 1
@@ -81,7 +81,7 @@ def test_preempted_sequence_resumes_by_recomputation(engine: LlamaEngine) -> Non
 
 def test_a_base_model_without_chat_template_is_refused_loudly(engine: LlamaEngine) -> None:
     assert engine.metadata("tokenizer.chat_template") is None
-    with pytest.raises(ChatTemplateError, match="no tokenizer.chat_template"):
+    with pytest.raises(ChatTemplateError, match=r"no tokenizer\.chat_template"):
         ChatTemplate(engine.metadata("tokenizer.chat_template"))
 
 

@@ -225,12 +225,17 @@ def _background_load(url: str, stop: threading.Event, done: list[StreamTiming]) 
 
 
 def interference(
-    policies: list[str], threads: int, chats: int, background_streams: int
+    policies: list[str],
+    threads: int,
+    chats: int,
+    background_streams: int,
+    policy_config: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Chat TTFT when background long prompts saturate the device, against the idle TTFT."""
     rows: list[dict[str, Any]] = []
+    extra = {"policy": policy_config} if policy_config else None
     for policy in policies:
-        with fairlane_server(policy, threads, 8) as server:
+        with fairlane_server(policy, threads, 8, extra) as server:
             chat = {"fairlane_class": "chat", "user": "parent"}
             stream_chat(server.url, SHORT_CHAT, 4, chat)  # warm-up
             idle = [stream_chat(server.url, SHORT_CHAT, 8, chat) for _ in range(chats)]
