@@ -49,7 +49,7 @@ def _bench(args: argparse.Namespace) -> int:
     elif args.what == "throughput":
         result = llm.throughput(args.streams, threads, args.max_tokens)
     else:
-        policy = {"slice_ms": args.slice_ms} if args.slice_ms else None
+        policy = dict(_key_value(item) for item in args.set or []) or None
         result = llm.interference(
             ["fairlane", "fcfs"], threads, args.chats, args.background, policy
         )
@@ -57,6 +57,14 @@ def _bench(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
+
+
+def _key_value(item: str) -> tuple[str, float]:
+    key, _, value = item.partition("=")
+    try:
+        return key, float(value)
+    except ValueError as err:
+        raise ValueError(f"--set {item!r}: expected KEY=NUMBER") from err
 
 
 def _default_threads() -> int:
@@ -111,7 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--background", type=int, default=2, help="interference: concurrent background streams"
     )
-    bench.add_argument("--slice-ms", type=float, help="interference: the policy's slice_ms")
+    bench.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="interference: a policy setting for both servers, e.g. --set slice_ms=50",
+    )
     bench.add_argument("--json", help="write the figures here")
     bench.set_defaults(func=_bench)
     return parser

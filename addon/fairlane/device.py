@@ -83,14 +83,20 @@ class DeviceLoop:
     def submit_llm(
         self, request: Request, prompt: list[int], params: SamplingParams, sink: Sink
     ) -> Admission:
-        """Admit an LLM turn (or refuse it with a reason); tokens go to `sink` from the loop."""
+        """Admit an LLM turn (or refuse it with a reason); tokens go to `sink` from the loop.
+
+        The engine checks the prompt first (it raises EngineError for one it cannot hold), so
+        the policy never admits a request the engine does not know.
+        """
         with self._wake:
+            self.llm.add(request.id, prompt, params)
             request.arrival = self.clock()
             admission = self.policy.add(request, request.arrival)
             if admission.accepted:
-                self.llm.add(request.id, prompt, params)
                 self._sinks[request.id] = sink
                 self._wake.notify()
+            else:
+                self.llm.release(request.id)  # never ran: only its sampler to free
             return admission
 
     def cancel(self, request_id: str) -> bool:

@@ -35,7 +35,7 @@ class PolicyConfig:
     # Rules 4 and 5: what one LLM iteration may carry, and how many sequences may hold KV.
     max_batch_tokens: int = 2048
     max_num_seqs: int = 32
-    min_prefill_chunk: int = 16
+    min_prefill_chunk: int = 8
     # Plan iterations to this fraction of the tightest ITL target, for noise in step times.
     itl_headroom: float = 0.8
     # Rule 5: KV cache in blocks, and the fraction kept free when admitting background prompts.
@@ -78,7 +78,12 @@ class PolicyConfig:
         return None if itl is None else itl / 1000.0 * self.itl_headroom
 
     def scaled(self, factor: float) -> PolicyConfig:
-        """The same policy with every interactive latency target multiplied (CPU profiles)."""
+        """The same policy with every interactive latency target multiplied (CPU profiles).
+
+        `slice_ms` is not scaled: it bounds how long an arrival waits for the step in flight,
+        and a short slice costs little on a CPU, where the fixed cost of a step is small next
+        to its per-token cost.
+        """
 
         def scale(value: float | None) -> float | None:
             return None if value is None else value * factor
@@ -86,4 +91,4 @@ class PolicyConfig:
         slo = {
             p: Slo(scale(s.ttft_ms), scale(s.itl_ms), scale(s.stt_ms)) for p, s in self.slo.items()
         }
-        return replace(self, slo=slo, slice_ms=self.slice_ms * factor)
+        return replace(self, slo=slo)
