@@ -58,3 +58,13 @@ def test_simulate_command_prints_the_table_and_writes_json_and_plot(tmp_path, ca
 def test_simulate_rejects_an_unknown_profile(capsys) -> None:
     assert main(["simulate", "--profile", "nonesuch"]) == 2
     assert "unknown profile" in capsys.readouterr().err
+
+
+def test_on_a_party_night_voice_stays_fast_only_with_fairlane() -> None:
+    party = Path(str(default_workload())).with_name("family-party.yaml")
+    scn = scenario(party, "rtx4090")
+    fair, fcfs = (summarize(simulate(scn, name), scn.workload.slo) for name in ("fairlane", "fcfs"))
+    assert fair["classes"]["voice/stt"]["slo_met"] == 1.0
+    assert fcfs["classes"]["voice/stt"]["slo_met"] < 0.9
+    assert fair["classes"]["voice/llm"]["slo_met"] > fcfs["classes"]["voice/llm"]["slo_met"]
+    assert fair["background"]["done_fraction"] == 1.0

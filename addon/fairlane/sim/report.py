@@ -8,7 +8,7 @@ from typing import Any
 
 from fairlane.metrics import RequestRecord, jain, percentile
 from fairlane.policy import Kind, Priority, Slo
-from fairlane.sim.simulator import SimResult
+from fairlane.sim.simulator import SimResult, Step
 
 QUANTILES = (50, 95, 99)
 
@@ -191,8 +191,7 @@ def plot(results: list[SimResult], path: Path, bin_s: float = 5.0) -> None:
         bins = max(1, int(result.end_time // bin_s) + 1)
         occupancy = {p: [0.0] * bins for p in Priority}
         for step in result.steps:
-            for priority, seconds in step.seconds.items():
-                occupancy[priority][min(int(step.start // bin_s), bins - 1)] += seconds / bin_s
+            _spread(step, occupancy, bin_s)
         xs = [i * bin_s for i in range(bins)]
         timeline.stackplot(
             xs,
@@ -210,3 +209,16 @@ def plot(results: list[SimResult], path: Path, bin_s: float = 5.0) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def _spread(step: Step, occupancy: dict[Priority, list[float]], bin_s: float) -> None:
+    """Add a step's device time to the bins it overlaps, in proportion to the overlap."""
+    duration = step.end - step.start
+    bins = len(next(iter(occupancy.values())))
+    first, last = int(step.start // bin_s), min(int(step.end // bin_s), bins - 1)
+    for index in range(first, last + 1):
+        overlap = min(step.end, (index + 1) * bin_s) - max(step.start, index * bin_s)
+        if duration <= 0 or overlap <= 0:
+            continue
+        for priority, seconds in step.seconds.items():
+            occupancy[priority][index] += seconds * overlap / duration / bin_s
