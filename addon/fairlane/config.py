@@ -97,11 +97,36 @@ LLM_SCHEMA = vol.Schema(
     extra=vol.PREVENT_EXTRA,
 )
 
+STT_SCHEMA = vol.Schema(
+    {
+        vol.Optional("enabled", default=True): bool,
+        # A packaged model (whisper-base: multilingual, whisper-tiny.en: fast English), a
+        # CTranslate2 model directory, or a faster-whisper model name.
+        vol.Optional("model", default="whisper-base"): str,
+        vol.Optional("device", default="cpu"): vol.In(["cpu", "cuda", "auto"]),
+        vol.Optional("compute_type", default="int8"): str,
+        vol.Optional("threads", default=0): _count(0),  # 0: one per core this process owns
+        vol.Optional("beam_size", default=1): _count(1),
+    },
+    extra=vol.PREVENT_EXTRA,
+)
+
+WYOMING_SCHEMA = vol.Schema(
+    {
+        vol.Optional("enabled", default=True): bool,
+        vol.Optional("host", default=None): vol.Any(str, None),  # None: server.host
+        vol.Optional("port", default=10300): vol.All(vol.Coerce(int), vol.Range(min=0, max=65535)),
+    },
+    extra=vol.PREVENT_EXTRA,
+)
+
 CONFIG_SCHEMA = vol.Schema(
     {
         vol.Optional("server", default={}): SERVER_SCHEMA,
         vol.Optional("policy", default={}): POLICY_SCHEMA,
         vol.Optional("llm", default={}): LLM_SCHEMA,
+        vol.Optional("stt", default={}): STT_SCHEMA,
+        vol.Optional("wyoming", default={}): WYOMING_SCHEMA,
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -129,11 +154,30 @@ class LlmConfig:
 
 
 @dataclass(frozen=True)
+class SttConfig:
+    enabled: bool = True
+    model: str = "whisper-base"
+    device: str = "cpu"
+    compute_type: str = "int8"
+    threads: int = 0
+    beam_size: int = 1
+
+
+@dataclass(frozen=True)
+class WyomingConfig:
+    enabled: bool = True
+    host: str | None = None
+    port: int = 10300
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     policy_name: str = "fairlane"
     llm: LlmConfig = field(default_factory=LlmConfig)
+    stt: SttConfig = field(default_factory=SttConfig)
+    wyoming: WyomingConfig = field(default_factory=WyomingConfig)
 
     @property
     def profile(self) -> str:
@@ -189,6 +233,8 @@ def parse(data: dict[str, Any] | None) -> Config:
         policy=policy_config(valid["policy"]),
         policy_name=valid["policy"]["name"],
         llm=LlmConfig(**valid["llm"]),
+        stt=SttConfig(**valid["stt"]),
+        wyoming=WyomingConfig(**valid["wyoming"]),
     )
 
 

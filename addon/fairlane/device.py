@@ -14,8 +14,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from fairlane.engines.llm import LlamaEngine, SamplingParams, TokenEvent
+from fairlane.engines.llm import TokenEvent
 from fairlane.policy import (
     Admission,
     IdlePlan,
@@ -30,7 +31,15 @@ from fairlane.policy import (
 
 _LOGGER = logging.getLogger(__name__)
 
-Sink = Callable[[TokenEvent], None]
+Sink = Callable[[Any], None]  # receives an engine's events for one request, on the loop thread
+
+
+class Engine(Protocol):
+    """What the loop needs of an engine: run a planned step, forget a request."""
+
+    def execute(self, plan: Any) -> tuple[StepResult, list[Any]]: ...
+
+    def release(self, request_id: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -54,18 +63,19 @@ class DeviceLoop:
     def __init__(
         self,
         policy: Policy,
-        llm: LlamaEngine,
+        engines: dict[Kind, Engine],
         clock: Callable[[], float] = time.monotonic,
         history: int = 20_000,
     ) -> None:
         self.policy = policy
-        self.llm = llm
+        self.engines = engines
         self.clock = clock
         self.records: deque[StepRecord] = deque(maxlen=history)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._sinks: dict[str, Sink] = {}
-        self._release: list[str] = []
+        self._kinds: dict[str, Kind] = {}
+        self._release: list[tuple[Kind, str]] = []
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="fairlane-device", daemon=True)
 
@@ -80,23 +90,22 @@ class DeviceLoop:
 
     # --- called from the HTTP side -----------------------------------------------------------
 
-    def submit_llm(
-        self, request: Request, prompt: list[int], params: SamplingParams, sink: Sink
-    ) -> Admission:
-        """Admit an LLM turn (or refuse it with a reason); tokens go to `sink` from the loop.
+    def submit(self, request: Request, register: Callable[[], None], sink: Sink) -> Admission:
+        """Admit a request (or refuse it with a reason); its events go to `sink` from the loop.
 
-        The engine checks the prompt first (it raises EngineError for one it cannot hold), so
-        the policy never admits a request the engine does not know.
+        `register` hands the request's data to its engine first (it raises for data the engine
+        cannot take), so the policy never admits a request its engine does not know.
         """
         with self._wake:
-            self.llm.add(request.id, prompt, params)
+            register()
             request.arrival = self.clock()
             admission = self.policy.add(request, request.arrival)
             if admission.accepted:
                 self._sinks[request.id] = sink
+                self._kinds[request.id] = request.kind
                 self._wake.notify()
             else:
-                self.llm.release(request.id)  # never ran: only its sampler to free
+                self.engines[request.kind].release(request.id)  # it never ran
             return admission
 
     def cancel(self, request_id: str) -> bool:
@@ -106,11 +115,12 @@ class DeviceLoop:
         """
         with self._wake:
             sink = self._sinks.pop(request_id, None)
+            kind = self._kinds.pop(request_id, None)
             if sink is not None:
                 sink(TokenEvent(request_id, "", "cancelled"))
             cancelled = self.policy.cancel(request_id, self.clock())
-            if cancelled:
-                self._release.append(request_id)
+            if cancelled and kind is not None:
+                self._release.append((kind, request_id))
                 self._wake.notify()
             return cancelled
 
@@ -153,13 +163,14 @@ class DeviceLoop:
                         sink(event)
                 for request in finished:
                     self._sinks.pop(request.id, None)
-                    self.llm.release(request.id)
+                    self._kinds.pop(request.id, None)
+                    self.engines[request.kind].release(request.id)
 
     def _next_plan(self) -> StepPlan | None:
         with self._wake:
             while not self._stopping:
-                for request_id in self._release:
-                    self.llm.release(request_id)
+                for kind, request_id in self._release:
+                    self.engines[kind].release(request_id)
                 self._release.clear()
                 now = self.clock()
                 plan = self.policy.schedule(now)
@@ -169,17 +180,19 @@ class DeviceLoop:
                 self._wake.wait(timeout)
             return None
 
-    def _execute(self, plan: StepPlan) -> tuple[StepResult, list[TokenEvent]]:
-        if isinstance(plan, LlmPlan):
-            return self.llm.execute(plan, clock=time.perf_counter)
-        raise RuntimeError(f"no engine for {plan.kind.value} steps")
+    def _execute(self, plan: StepPlan) -> tuple[StepResult, list[Any]]:
+        engine = self.engines.get(plan.kind)
+        if engine is None:
+            raise RuntimeError(f"no engine for {plan.kind.value} steps")
+        return engine.execute(plan)
 
     def _fail(self, plan: StepPlan, message: str) -> None:
         with self._lock:
             for request_id in plan.request_ids:
                 sink = self._sinks.pop(request_id, None)
+                self._kinds.pop(request_id, None)
                 self.policy.cancel(request_id, self.clock())
-                self.llm.release(request_id)
+                self.engines[plan.kind].release(request_id)
                 if sink is not None:
                     sink(TokenEvent(request_id, "", f"error: {message}"))
 

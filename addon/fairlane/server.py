@@ -18,21 +18,32 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import voluptuous as vol
-from aiohttp import web
+from aiohttp import BodyPartReader, ClientPayloadError, web
 from aiohttp.typedefs import Handler
+from wyoming.server import AsyncTcpServer
 
-from fairlane import __version__, models
+from fairlane import __version__, models, wyoming_server
 from fairlane import config as config_mod
 from fairlane.chat import ChatTemplate, ChatTemplateError, may_be_tool_call, parse_tool_calls
 from fairlane.device import DeviceLoop
-from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams, TokenEvent
+from fairlane.engines.llm import (
+    EngineConfig,
+    LlamaEngine,
+    SamplingParams,
+    TokenEvent,
+    default_threads,
+)
+from fairlane.engines.stt import AudioError, SttConfig, Utterance, WhisperEngine, decode_audio
 from fairlane.openapi import OPENAPI
 from fairlane.policy import CostModel, Kind, Priority, Request, make_policy
 from fairlane.profiles import load as load_profile
+from fairlane.speech import Cancelled, Refused, transcribe
 from fairlane.telemetry import Telemetry
+from fairlane.wyoming_server import SpeechService
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -175,9 +186,12 @@ class Services:
     telemetry: Telemetry
     model_name: str
     policy_name: str
+    speech: SpeechService | None = None
+    wyoming_port: int | None = None
 
 
 SERVICES = web.AppKey("services", Services)
+WYOMING = web.AppKey("wyoming", AsyncTcpServer)
 
 
 @web.middleware
@@ -226,9 +240,12 @@ def create_app(services: Services) -> web.Application:
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/chat/completions/{id}/cancel", cancel_completion)
+    app.router.add_post("/v1/audio/transcriptions", transcriptions)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
+    app.on_startup.append(_start_wyoming)
+    app.on_cleanup.append(_stop_wyoming)
     return app
 
 
@@ -243,14 +260,19 @@ async def health(request: web.Request) -> web.Response:
             "status": "ok",
             "version": __version__,
             "policy": svc.policy_name,
-            "models": {"llm": svc.model_name},
+            "models": {
+                "llm": svc.model_name,
+                "stt": svc.speech.model_name if svc.speech else None,
+            },
+            "wyoming_port": svc.wyoming_port,
         }
     )
 
 
 async def list_models(request: web.Request) -> web.Response:
     svc = _services(request)
-    data = [{"id": svc.model_name, "object": "model", "created": 0, "owned_by": "fairlane"}]
+    names = [svc.model_name] + ([svc.speech.model_name] if svc.speech else [])
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "fairlane"} for name in names]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -358,7 +380,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     def sink(event: TokenEvent) -> None:
         loop.call_soon_threadsafe(turn.queue.put_nowait, event)
 
-    admission = svc.device.submit_llm(policy_request, prompt, params, sink)
+    admission = svc.device.submit(
+        policy_request, lambda: svc.engine.add(turn.id, prompt, params), sink
+    )
     if not admission.accepted:
         svc.telemetry.refuse(priority)
         raise ApiError(
@@ -505,6 +529,98 @@ async def _stream(
     await response.write_eof()
 
 
+# --- speech-to-text ----------------------------------------------------------------------------
+
+RAW_PCM_TYPES = ("audio/pcm", "audio/l16", "audio/x-raw", "audio/raw")
+RESPONSE_FORMATS = ("json", "text", "verbose_json")
+
+
+async def transcriptions(request: web.Request) -> web.StreamResponse:
+    """OpenAI's `POST /v1/audio/transcriptions` (multipart), scheduled as `voice` by default."""
+    svc = _services(request)
+    if svc.speech is None:
+        raise ApiError(
+            400,
+            "speech-to-text is disabled on this server (stt.enabled: false)",
+            code="stt_disabled",
+        )
+    fields, upload = await _read_form(request)
+    if upload is None:
+        raise ApiError(
+            400, "no `file` part: send the audio as multipart form field `file`", param="file"
+        )
+    data, filename, content_type = upload
+    response_format = fields.get("response_format") or "json"
+    if response_format not in RESPONSE_FORMATS:
+        raise ApiError(
+            400,
+            f"response_format must be one of {', '.join(RESPONSE_FORMATS)}",
+            param="response_format",
+        )
+    priority = _request_class(request, fields, Priority.VOICE)
+    raw_rate = None
+    if content_type in RAW_PCM_TYPES or filename.endswith((".pcm", ".raw")):
+        try:
+            raw_rate = int(fields.get("sample_rate") or 16000)
+        except ValueError as err:
+            raise ApiError(
+                400, "sample_rate must be a whole number of Hz", param="sample_rate"
+            ) from err
+    try:
+        audio = await asyncio.to_thread(decode_audio, data, raw_rate)
+        utterance = Utterance(audio, fields.get("language") or None, fields.get("prompt") or None)
+        result = await transcribe(
+            svc.device,
+            svc.speech.engine,
+            svc.telemetry,
+            utterance,
+            priority,
+            fields.get("user") or "anonymous",
+        )
+    except AudioError as err:
+        raise ApiError(400, str(err), param="file", code="bad_audio") from err
+    except Refused as err:
+        raise ApiError(429, f"request refused: {err}", kind="overloaded", code="refused") from err
+    except Cancelled as err:
+        raise ApiError(409, str(err), code="cancelled") from err
+    if response_format == "text":
+        return web.Response(text=result.text + "\n")
+    if response_format == "json":
+        return web.json_response({"text": result.text})
+    return web.json_response(
+        {
+            "task": "transcribe",
+            "language": result.language,
+            "duration": round(result.duration_s, 3),
+            "text": result.text,
+            "segments": [
+                {"id": 0, "start": 0.0, "end": round(result.duration_s, 3), "text": result.text}
+            ],
+        }
+    )
+
+
+async def _read_form(request: web.Request) -> tuple[dict[str, str], tuple[bytes, str, str] | None]:
+    """The text fields and the `file` part (bytes, filename, content type) of a multipart body."""
+    if not request.content_type.startswith("multipart/"):
+        raise ApiError(400, "send multipart/form-data with the audio in a `file` field")
+    fields: dict[str, str] = {}
+    upload: tuple[bytes, str, str] | None = None
+    try:
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, BodyPartReader) or part.name is None:
+                continue
+            if part.name == "file":
+                data = await part.read()
+                upload = (bytes(data), part.filename or "", part.headers.get("Content-Type", ""))
+            else:
+                fields[part.name] = (await part.text()).strip()
+    except (ValueError, AssertionError, ClientPayloadError) as err:
+        raise ApiError(400, f"the multipart body is malformed or truncated: {err}") from err
+    return fields, upload
+
+
 # --- start-up ----------------------------------------------------------------------------------
 
 
@@ -532,20 +648,44 @@ def build_services(cfg: config_mod.Config) -> Services:
     except ChatTemplateError as err:
         template_error = str(err)
         _LOGGER.warning("%s: %s", model_path.name, err)
+    engines: dict[Kind, Any] = {Kind.LLM: engine}
+    stt: WhisperEngine | None = None
+    if cfg.stt.enabled:
+        stt = WhisperEngine(
+            SttConfig(
+                model_path=Path(models.resolve_stt(cfg.stt.model)),
+                device=cfg.stt.device,
+                compute_type=cfg.stt.compute_type,
+                threads=cfg.stt.threads or default_threads(),
+                beam_size=cfg.stt.beam_size,
+            )
+        )
+        engines[Kind.STT] = stt
     policy = make_policy(cfg.policy_name, policy_config, CostModel(profile))
-    device = DeviceLoop(policy, engine)
+    device = DeviceLoop(policy, engines)
     device.start()
+    telemetry = Telemetry(policy_config)
     name = cfg.llm.model if cfg.llm.model in models.PACKAGED else model_path.stem
+    speech = SpeechService(device, stt, telemetry, cfg.stt.model) if stt is not None else None
     return Services(
-        cfg,
-        device,
-        engine,
-        template,
-        template_error,
-        Telemetry(policy_config),
-        name,
-        cfg.policy_name,
+        cfg, device, engine, template, template_error, telemetry, name, cfg.policy_name, speech
     )
+
+
+async def _start_wyoming(app: web.Application) -> None:
+    svc = app[SERVICES]
+    if svc.speech is None or not svc.config.wyoming.enabled:
+        return
+    host = svc.config.wyoming.host or svc.config.server.host
+    server = await wyoming_server.start(svc.speech, host, svc.config.wyoming.port)
+    svc.wyoming_port = wyoming_server.bound_port(server)
+    app[WYOMING] = server
+    _LOGGER.info("Wyoming ASR on tcp://%s:%d (no authentication)", host, svc.wyoming_port)
+
+
+async def _stop_wyoming(app: web.Application) -> None:
+    if WYOMING in app:
+        await app[WYOMING].stop()
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -94,6 +94,14 @@ class Telemetry:
         self.kv = Gauge(
             "fairlane_kv_used_ratio", "Fraction of KV blocks in use", registry=self.registry
         )
+        self.rtf = Histogram(
+            "fairlane_stt_real_time_factor",
+            "Seconds from end of audio to transcript, per second of audio",
+            labels,
+            buckets=(0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 1, 2, 5),
+            registry=self.registry,
+        )
+        self.speech_rtf: deque[tuple[float, Priority, float]] = deque(maxlen=2000)
 
     # --- observations ------------------------------------------------------------------------
 
@@ -119,6 +127,12 @@ class Telemetry:
             self.e2e.labels(record.priority.label).observe(at - record.arrival)
             self.done.append(record)
 
+    def speech(self, priority: Priority, latency_s: float, audio_s: float) -> None:
+        """One transcript: its real-time factor (latency over audio length)."""
+        factor = latency_s / audio_s if audio_s > 0 else 0.0
+        self.rtf.labels(priority.label).observe(factor)
+        self.speech_rtf.append((self.clock(), priority, factor))
+
     def refuse(self, priority: Priority) -> None:
         self.refused[priority] += 1
         self.requests.labels(priority.label, "refused").inc()
@@ -137,7 +151,9 @@ class Telemetry:
         records = self._window(now)
         classes: dict[str, Any] = {}
         for priority in Priority:
-            mine = [r for r in records if r.priority is priority]
+            mine = [r for r in records if r.priority is priority and r.kind is Kind.LLM]
+            speech = [r for r in records if r.priority is priority and r.kind is Kind.STT]
+            factors = [f for at, p, f in self.speech_rtf if p is priority and at >= now - span]
             slo = self.config.slo[priority]
             classes[priority.label] = {
                 "requests": len(mine),
@@ -149,6 +165,15 @@ class Telemetry:
                 "output_tokens_per_s": round(sum(len(r.token_times) for r in mine) / span, 2),
                 "requests_per_s": round(len(mine) / span, 3),
                 "refused": self.refused[priority],
+                "stt": {
+                    "requests": len(speech),
+                    # STT's TTFT: end of audio → transcript.
+                    "ttft_ms": _quantiles([t for r in speech if (t := r.ttft) is not None]),
+                    "real_time_factor": _quantiles_raw(factors),
+                    "slo_met": round(sum(r.met(slo) for r in speech) / len(speech), 3)
+                    if speech
+                    else None,
+                },
                 "waiting": device["waiting"][priority.label],
                 "running": device["running"][priority.label],
             }
@@ -177,4 +202,12 @@ def _quantiles(values: list[float]) -> dict[str, float | None]:
     for q in (50, 95, 99):
         value = percentile(values, q)
         out[f"p{q}"] = None if value is None else round(value * 1000, 1)
+    return out
+
+
+def _quantiles_raw(values: list[float]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for q in (50, 95):
+        value = percentile(values, q)
+        out[f"p{q}"] = None if value is None else round(value, 3)
     return out

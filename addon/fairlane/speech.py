@@ -1,0 +1,65 @@
+"""One transcription through the device loop: shared by the HTTP API and the Wyoming server."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from fairlane.device import DeviceLoop
+from fairlane.engines.stt import TranscriptEvent, Utterance, WhisperEngine
+from fairlane.policy import Kind, Priority, Request
+from fairlane.telemetry import Telemetry
+
+
+class Refused(Exception):
+    """Admission control said no (queue full, deadline); the reason is for the person."""
+
+
+class Cancelled(Exception):
+    """The transcription was cancelled before it ran."""
+
+
+async def transcribe(
+    device: DeviceLoop,
+    engine: WhisperEngine,
+    telemetry: Telemetry,
+    utterance: Utterance,
+    priority: Priority = Priority.VOICE,
+    client: str = "anonymous",
+) -> TranscriptEvent:
+    """Queue an utterance as one STT request and wait for its transcript.
+
+    Raises AudioError (from the engine) for audio it cannot take, Refused when admission
+    control refuses the request.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+    request_id = f"stt-{uuid.uuid4().hex}"
+
+    def deliver(event: Any) -> None:
+        if not done.done():
+            done.set_result(event)
+
+    def sink(event: Any) -> None:
+        loop.call_soon_threadsafe(deliver, event)
+
+    request = Request(request_id, Kind.STT, priority, client, 0.0, audio_s=utterance.duration_s)
+    admission = device.submit(request, lambda: engine.add(request_id, utterance), sink)
+    if not admission.accepted:
+        telemetry.refuse(priority)
+        raise Refused(admission.reason)
+    record = telemetry.begin(Kind.STT, priority, client, 0, request.arrival)
+    try:
+        event = await done
+    finally:
+        if not done.done():  # the caller went away
+            device.cancel(request_id)
+            telemetry.finish(record, device.clock(), outcome="cancelled")
+    if not isinstance(event, TranscriptEvent):
+        telemetry.finish(record, device.clock(), outcome="cancelled")
+        raise Cancelled(f"transcription {event.finish_reason}")
+    finished_at = device.clock()
+    telemetry.finish(record, finished_at)
+    telemetry.speech(priority, finished_at - request.arrival, utterance.duration_s)
+    return event
