@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -72,3 +73,63 @@ class RequestRecord:
             p95 = percentile(gaps, 95)
             return p95 is not None and p95 * 1000 <= slo.itl_ms
         return True
+
+
+_ONES = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
+_TENS = ["_", "_", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+
+
+def _number_words(value: int) -> str:
+    if value < 20:
+        return _ONES[value]
+    if value < 100:
+        tens, ones = divmod(value, 10)
+        return _TENS[tens] + ("" if ones == 0 else " " + _ONES[ones])
+    if value < 1000:
+        hundreds, rest = divmod(value, 100)
+        return _ONES[hundreds] + " hundred" + ("" if rest == 0 else " " + _number_words(rest))
+    return str(value)
+
+
+def normalize_words(text: str) -> list[str]:
+    """Lower case, no punctuation, numbers as words ("21°" and "twenty-one" both count once)."""
+    text = text.lower().replace("%", " percent").replace("-", " ")
+    text = re.sub(r"\d+", lambda m: f" {_number_words(int(m.group()))} ", text)
+    return re.sub(r"[^a-z' ]+", " ", text).split()
+
+
+def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> float:
+    """Word edits (substitutions, insertions, deletions) over reference words, after
+    `normalize_words`, pooled over all pairs."""
+    edits = words = 0
+    for reference, hypothesis in zip(references, hypotheses, strict=True):
+        ref, hyp = normalize_words(reference), normalize_words(hypothesis)
+        row = list(range(len(hyp) + 1))
+        for i, r in enumerate(ref, 1):
+            previous, row[0] = row[0], i
+            for j, h in enumerate(hyp, 1):
+                previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (r != h))
+        edits += row[-1]
+        words += len(ref)
+    return edits / words if words else 0.0

@@ -14,7 +14,7 @@ TOKEN = "test-token"
 
 
 def server_config(policy: str = "fairlane", **llm: object) -> config.Config:
-    cfg = config.parse({"server": {"port": 0, "token": TOKEN},
+    cfg = config.parse({"server": {"port": 0, "token": TOKEN}, "wyoming": {"port": 0},
                         "llm": {"n_ctx": 4096, "n_seq_max": 8, "max_tokens": 64, **llm}})
     return replace(cfg, policy_name=policy)
 

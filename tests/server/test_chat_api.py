@@ -106,7 +106,7 @@ def test_tool_call_comes_back_in_openai_shape(server: BackgroundServer) -> None:
 
 def test_models_health_stats_metrics_and_openapi(server: BackgroundServer) -> None:
     models = client(server).models.list()
-    assert [m.id for m in models.data] == ["qwen2.5-coder-0.5b-instruct"]
+    assert [m.id for m in models.data] == ["qwen2.5-coder-0.5b-instruct", "whisper-base"]
     assert http(server, "GET", "/health", token=None) == (200, http(server, "GET", "/health")[1])
     status, stats = http(server, "GET", "/v1/stats")
     assert status == 200 and set(stats["classes"]) == {"voice", "chat", "background"}
