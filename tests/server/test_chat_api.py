@@ -108,9 +108,11 @@ def test_models_health_stats_metrics_and_openapi(server: BackgroundServer) -> No
     models = client(server).models.list()
     assert [m.id for m in models.data] == ["qwen2.5-coder-0.5b-instruct", "whisper-base"]
     assert http(server, "GET", "/health", token=None) == (200, http(server, "GET", "/health")[1])
+    client(server).chat.completions.create(model="x", messages=QUESTION, max_tokens=3)
     status, stats = http(server, "GET", "/v1/stats")
     assert status == 200 and set(stats["classes"]) == {"voice", "chat", "background"}
-    assert stats["classes"]["chat"]["ttft_ms"]["p50"] is not None  # earlier tests ran chats
+    assert stats["classes"]["chat"]["ttft_ms"]["p50"] is not None
+    assert stats["steps"] and stats["steps"][-1]["kind"] == "llm"
     status, text = http(server, "GET", "/metrics")
     assert status == 200 and "fairlane_ttft_seconds_bucket" in text
     status, spec = http(server, "GET", "/openapi.json")
