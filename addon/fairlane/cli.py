@@ -46,6 +46,10 @@ def _bench(args: argparse.Namespace) -> int:
         result: object = scheduler_decision_time(sizes=args.sizes, steps=args.steps)
     elif args.what == "engine":
         result = llm.engine_costs(threads)
+    elif args.what == "speech":
+        from fairlane.bench.speech import speech
+
+        result = speech(Path(args.fixtures), threads)
     elif args.what == "throughput":
         result = llm.throughput(args.streams, threads, args.max_tokens)
     else:
@@ -105,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=_simulate)
 
     bench = sub.add_parser("bench", help="benchmarks (printed figures)")
-    bench.add_argument("what", choices=["scheduler", "engine", "throughput", "interference"])
+    bench.add_argument(
+        "what", choices=["scheduler", "engine", "throughput", "interference", "speech"]
+    )
     bench.add_argument(
         "--sizes", type=int, nargs="+", default=[8, 64, 256], help="scheduler: running sequences"
     )
@@ -124,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="KEY=VALUE",
         help="interference: a policy setting for both servers, e.g. --set slice_ms=50",
+    )
+    bench.add_argument(
+        "--fixtures",
+        default="tests/fixtures/speech",
+        help="speech: folder of WAV commands with commands.json",
     )
     bench.add_argument("--json", help="write the figures here")
     bench.set_defaults(func=_bench)

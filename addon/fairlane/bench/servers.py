@@ -137,3 +137,34 @@ def stream_chat(
     except OSError as err:
         timing.error = str(err)
     return timing
+
+
+def post_transcription(
+    url: str,
+    audio: bytes,
+    fields: dict[str, str] | None = None,
+    filename: str = "speech.wav",
+    token: str | None = None,
+) -> dict[str, Any]:
+    """POST one file to /v1/audio/transcriptions as multipart (plain HTTP, no SDK)."""
+    boundary = "fairlane-bench"
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+        for k, v in (fields or {}).items()
+    ]
+    parts.append(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+        f'filename="{filename}"\r\nContent-Type: audio/wav\r\n\r\n'.encode()
+        + audio
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    request = urllib.request.Request(
+        f"{url}/v1/audio/transcriptions",
+        data=b"".join(parts),
+        method="POST",
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return dict(json.loads(response.read()))
