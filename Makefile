@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
+export FAIRLANE_LLAMA_SERVER ?= .bench/llama-server/bin/llama-server
 
 .PHONY: install run test lint typecheck unit simulate bench clean
 
@@ -39,7 +40,8 @@ bench: install
 	$(BIN)/fairlane bench scheduler --json reports/bench-scheduler.json
 	$(BIN)/fairlane bench engine --json reports/bench-engine.json
 	$(BIN)/fairlane bench throughput --json reports/bench-throughput.json
-	$(BIN)/fairlane bench interference --json reports/bench-interference.json
+	$(BIN)/fairlane bench interference --chats 30 --json reports/bench-interference.json
+	$(BIN)/fairlane bench speech --json reports/bench-speech.json
 
 clean:
 	rm -rf $(VENV) reports .bench .pytest_cache .mypy_cache .ruff_cache

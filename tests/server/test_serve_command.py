@@ -26,11 +26,15 @@ def _get(url: str, token: str | None = None) -> tuple[int, dict]:
 def test_serve_starts_on_the_default_model_with_a_token_from_the_environment(tmp_path) -> None:
     port = free_port()
     env = {**os.environ, "FAIRLANE_TOKEN": "from-env"}
-    argv = [sys.executable, "-m", "fairlane", "serve", "--port", str(port), "--policy", "fcfs"]
+    config = tmp_path / "fairlane.yaml"
+    config.write_text("wyoming: {port: 0}\n")  # any free port: the default may be taken
+    argv = [sys.executable, "-m", "fairlane", "serve", "--port", str(port), "--policy", "fcfs",
+            "--config", str(config)]
     with ServerProcess(argv, port, env=env) as server:
         status, health = _get(f"{server.url}/health")
         assert status == 200 and health["policy"] == "fcfs"
-        assert health["models"]["llm"] == "qwen2.5-coder-0.5b-instruct"
+        assert health["models"] == {"llm": "qwen2.5-coder-0.5b-instruct", "stt": "whisper-base"}
+        assert health["wyoming_port"] > 0
         assert _get(f"{server.url}/v1/models")[0] == 401
         assert _get(f"{server.url}/v1/models", token="from-env")[0] == 200
 

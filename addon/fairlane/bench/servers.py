@@ -72,6 +72,7 @@ def fairlane_server(
     port = free_port()
     cfg = {
         "server": {"port": port},
+        "wyoming": {"port": 0},
         "llm": {"threads": threads, "n_seq_max": n_seq_max, "n_ctx": 8192},
     }
     for section, values in (extra or {}).items():
