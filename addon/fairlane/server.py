@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import hmac
 import json
@@ -30,6 +31,8 @@ from fairlane import __version__, models, wyoming_server
 from fairlane import config as config_mod
 from fairlane.chat import ChatTemplate, ChatTemplateError, may_be_tool_call, parse_tool_calls
 from fairlane.device import DeviceLoop
+from fairlane.engines.embed import EmbedConfig as EmbedEngineConfig
+from fairlane.engines.embed import EmbeddingEngine
 from fairlane.engines.llm import (
     EngineConfig,
     LlamaEngine,
@@ -188,6 +191,8 @@ class Services:
     policy_name: str
     speech: SpeechService | None = None
     wyoming_port: int | None = None
+    embedder: EmbeddingEngine | None = None
+    embed_name: str = ""
 
 
 SERVICES = web.AppKey("services", Services)
@@ -241,6 +246,7 @@ def create_app(services: Services) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/chat/completions/{id}/cancel", cancel_completion)
     app.router.add_post("/v1/audio/transcriptions", transcriptions)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
@@ -272,6 +278,7 @@ async def health(request: web.Request) -> web.Response:
 async def list_models(request: web.Request) -> web.Response:
     svc = _services(request)
     names = [svc.model_name] + ([svc.speech.model_name] if svc.speech else [])
+    names += [svc.embed_name] if svc.embedder else []
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "fairlane"} for name in names]
     return web.json_response({"object": "list", "data": data})
 
@@ -621,6 +628,120 @@ async def _read_form(request: web.Request) -> tuple[dict[str, str], tuple[bytes,
     return fields, upload
 
 
+# --- embeddings ----------------------------------------------------------------------------------
+
+EMBED_REQUEST = vol.Schema(
+    {
+        vol.Required("input"): vol.Any(
+            str, [str], msg="input must be a string or a list of strings"
+        ),
+        vol.Optional("model"): str,
+        vol.Optional("encoding_format", default="float"): vol.In(["float", "base64"]),
+        vol.Optional("dimensions"): vol.Any(vol.All(int, vol.Range(min=1)), None),
+        vol.Optional("user"): vol.Any(str, None),
+        vol.Optional("fairlane_class"): vol.In(_PRIORITY_NAMES),
+    },
+    extra=vol.ALLOW_EXTRA,
+)
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    """OpenAI's `POST /v1/embeddings`: each text is one micro-batch item (class `background`)."""
+    svc = _services(request)
+    if svc.embedder is None:
+        raise ApiError(
+            400,
+            "embeddings are disabled on this server (embed.enabled: false)",
+            code="embed_disabled",
+        )
+    body = _validate(EMBED_REQUEST, await _json_body(request))
+    texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
+    if not texts:
+        raise ApiError(400, "input: must not be empty", param="input")
+    if len(texts) > svc.config.embed.max_inputs:
+        raise ApiError(
+            400, f"input: at most {svc.config.embed.max_inputs} texts a request", param="input"
+        )
+    if blank := [i for i, text in enumerate(texts) if not text.strip()]:
+        raise ApiError(400, f"input.{blank[0]}: empty text", param="input")
+    dims = body.get("dimensions")
+    if dims is not None and dims != svc.embedder.dimensions:
+        raise ApiError(
+            400,
+            f"dimensions: this model gives {svc.embedder.dimensions}-dimensional "
+            "vectors and cannot shorten them",
+            param="dimensions",
+        )
+    priority = _request_class(request, body, Priority.BACKGROUND)
+    client = body.get("user") or "anonymous"
+    token_ids = await asyncio.to_thread(svc.embedder.tokenize, texts)
+    vectors = await _embed_all(svc, token_ids, priority, client)
+    used = sum(len(ids) for ids in token_ids)
+    data = [
+        {
+            "object": "embedding",
+            "index": i,
+            "embedding": base64.b64encode(v.tobytes()).decode()
+            if body["encoding_format"] == "base64"
+            else v.tolist(),
+        }
+        for i, v in enumerate(vectors)
+    ]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": data,
+            "model": svc.embed_name,
+            "usage": {"prompt_tokens": used, "total_tokens": used},
+        }
+    )
+
+
+async def _embed_all(
+    svc: Services, token_ids: list[list[int]], priority: Priority, client: str
+) -> list[Any]:
+    """Queue every text as one EMBED request; all or nothing."""
+    assert svc.embedder is not None
+    embedder = svc.embedder
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[Any]] = []
+    ids: list[str] = []
+    batch = uuid.uuid4().hex
+    try:
+        for index, tokens in enumerate(token_ids):
+            request_id = f"emb-{batch}-{index}"
+            future: asyncio.Future[Any] = loop.create_future()
+
+            def sink(event: Any, future: asyncio.Future[Any] = future) -> None:
+                loop.call_soon_threadsafe(_resolve, future, event)
+
+            def register(request_id: str = request_id, tokens: list[int] = tokens) -> None:
+                embedder.add(request_id, tokens)
+
+            item = Request(request_id, Kind.EMBED, priority, client, 0.0, prompt_tokens=len(tokens))
+            admission = svc.device.submit(item, register, sink)
+            if not admission.accepted:
+                svc.telemetry.refuse(priority)
+                raise ApiError(
+                    429, f"request refused: {admission.reason}", kind="overloaded", code="refused"
+                )
+            futures.append(future)
+            ids.append(request_id)
+        events = await asyncio.gather(*futures)
+    except BaseException:
+        for request_id in ids:
+            svc.device.cancel(request_id)
+        raise
+    if any(not hasattr(e, "vector") for e in events):
+        raise ApiError(409, "the embedding request was cancelled", code="cancelled")
+    return [e.vector for e in events]
+
+
+def _resolve(future: asyncio.Future[Any], event: Any) -> None:
+    if not future.done():
+        future.set_result(event)
+
+
 # --- start-up ----------------------------------------------------------------------------------
 
 
@@ -661,6 +782,17 @@ def build_services(cfg: config_mod.Config) -> Services:
             )
         )
         engines[Kind.STT] = stt
+    embedder: EmbeddingEngine | None = None
+    if cfg.embed.enabled:
+        embedder = EmbeddingEngine(
+            EmbedEngineConfig(
+                model_path=models.resolve_embedder(cfg.embed.model),
+                backend=cfg.embed.backend,
+                device=cfg.embed.device,
+                threads=cfg.embed.threads or default_threads(),
+            )
+        )
+        engines[Kind.EMBED] = embedder
     policy = make_policy(cfg.policy_name, policy_config, CostModel(profile))
     device = DeviceLoop(policy, engines)
     device.start()
@@ -668,7 +800,17 @@ def build_services(cfg: config_mod.Config) -> Services:
     name = cfg.llm.model if cfg.llm.model in models.PACKAGED else model_path.stem
     speech = SpeechService(device, stt, telemetry, cfg.stt.model) if stt is not None else None
     return Services(
-        cfg, device, engine, template, template_error, telemetry, name, cfg.policy_name, speech
+        cfg,
+        device,
+        engine,
+        template,
+        template_error,
+        telemetry,
+        name,
+        cfg.policy_name,
+        speech,
+        embedder=embedder,
+        embed_name=cfg.embed.model,
     )
 
 
