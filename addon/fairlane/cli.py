@@ -46,6 +46,10 @@ def _bench(args: argparse.Namespace) -> int:
         result: object = scheduler_decision_time(sizes=args.sizes, steps=args.steps)
     elif args.what == "engine":
         result = llm.engine_costs(threads)
+    elif args.what == "embed":
+        from fairlane.bench.embed import embed_bench
+
+        result = embed_bench(threads, args.texts, args.backend)
     elif args.what == "speech":
         from fairlane.bench.speech import speech
 
@@ -110,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks (printed figures)")
     bench.add_argument(
-        "what", choices=["scheduler", "engine", "throughput", "interference", "speech"]
+        "what", choices=["scheduler", "engine", "throughput", "interference", "speech", "embed"]
     )
     bench.add_argument(
         "--sizes", type=int, nargs="+", default=[8, 64, 256], help="scheduler: running sequences"
@@ -136,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="tests/fixtures/speech",
         help="speech: folder of WAV commands with commands.json",
     )
+    bench.add_argument("--texts", type=int, default=1024, help="embed: texts in the bulk job")
+    bench.add_argument("--backend", default="onnx-int8", help="embed: the server's backend")
     bench.add_argument("--json", help="write the figures here")
     bench.set_defaults(func=_bench)
     return parser
