@@ -45,6 +45,7 @@ bench: install
 	$(BIN)/fairlane bench throughput --json reports/bench-throughput.json
 	$(BIN)/fairlane bench interference --chats 30 --json reports/bench-interference.json
 	$(BIN)/fairlane bench speech --json reports/bench-speech.json
+	$(BIN)/fairlane bench embed --json reports/bench-embed.json
 
 clean:
 	rm -rf $(VENV) reports .bench .pytest_cache .mypy_cache .ruff_cache
