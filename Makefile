@@ -1,14 +1,17 @@
 # One entry point per job. `make run` and `make test` set up everything they need on a fresh
-# machine (a Python 3.11 virtual environment in .venv).
+# machine: the server's Python 3.11 environment in .venv and, for the Home Assistant side
+# tests, a Python 3.13 environment in .venv-ha.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VENV_HA := .venv-ha
+HA_STAMP := $(VENV_HA)/.installed
 TORCH_CPU ?= 2.13.0
 export OMP_NUM_THREADS ?= 1
 export FAIRLANE_LLAMA_SERVER ?= .bench/llama-server/bin/llama-server
 
-.PHONY: install run test lint typecheck unit simulate bench clean
+.PHONY: install run test lint typecheck unit unit-ha simulate bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,19 +23,29 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+$(HA_STAMP): tests_ha/requirements.txt
+	PYENV_VERSION=3.13.0 python3.13 -m venv $(VENV_HA)
+	$(VENV_HA)/bin/pip install -q --upgrade pip
+	$(VENV_HA)/bin/pip install -q --ignore-requires-python -r tests_ha/requirements.txt
+	touch $(HA_STAMP)
+
 run: install
 	$(BIN)/fairlane serve $(ARGS)
 
-test: lint typecheck unit
+test: lint typecheck unit unit-ha
 
 lint: install
-	$(BIN)/ruff check addon tests
+	$(BIN)/ruff check addon tests tests_ha
 
 typecheck: install
 	$(BIN)/mypy
 
 unit: install
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# Home Assistant's own integrations against a real Fairlane server (started from .venv).
+unit-ha: install $(HA_STAMP)
+	$(VENV_HA)/bin/pytest -c tests_ha/pytest.ini tests_ha -q
 
 simulate: install
 	$(BIN)/fairlane simulate --profile rtx4090 --json reports/simulate-rtx4090.json --plot reports/simulate-rtx4090.png
@@ -48,4 +61,4 @@ bench: install
 	$(BIN)/fairlane bench embed --json reports/bench-embed.json
 
 clean:
-	rm -rf $(VENV) reports .bench .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_HA) reports .bench .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,57 @@
+"""Home Assistant's own Wyoming integration, unchanged, against the Fairlane server."""
+
+from __future__ import annotations
+
+import wave
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from homeassistant.components import stt
+from homeassistant.core import HomeAssistant
+from homeassistant.helpers import entity_registry as er
+from homeassistant.setup import async_setup_component
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "speech" / "command-00.wav"
+
+
+async def _audio() -> AsyncIterator[bytes]:
+    with wave.open(str(FIXTURE)) as wav:
+        frames = wav.readframes(wav.getnframes())
+    for offset in range(0, len(frames), 4096):
+        yield frames[offset:offset + 4096]
+
+
+async def test_home_assistant_wyoming_sets_up_and_transcribes(
+    hass: HomeAssistant, fairlane_server, socket_enabled
+) -> None:
+    # The core `homeassistant` component first: conversation (a wyoming dependency) needs it.
+    assert await async_setup_component(hass, "homeassistant", {})
+    entry = MockConfigEntry(
+        domain="wyoming",
+        data={"host": "127.0.0.1", "port": fairlane_server.wyoming_port},
+        title="Fairlane",
+    )
+    entry.add_to_hass(hass)
+    assert await hass.config_entries.async_setup(entry.entry_id)
+    await hass.async_block_till_done()
+
+    entities = er.async_entries_for_config_entry(er.async_get(hass), entry.entry_id)
+    stt_entity = next(e.entity_id for e in entities if e.domain == "stt")
+    engine = stt.async_get_speech_to_text_engine(hass, stt_entity)
+    assert engine is not None and "en" in engine.supported_languages
+
+    metadata = stt.SpeechMetadata(
+        language="en",
+        format=stt.AudioFormats.WAV,
+        codec=stt.AudioCodecs.PCM,
+        bit_rate=stt.AudioBitRates.BITRATE_16,
+        sample_rate=stt.AudioSampleRates.SAMPLERATE_16000,
+        channel=stt.AudioChannels.CHANNEL_MONO,
+    )
+    result = await engine.async_process_audio_stream(metadata, _audio())
+    assert result.result is stt.SpeechResultState.SUCCESS
+    assert "kitchen" in (result.text or "").lower()
+
+    assert await hass.config_entries.async_unload(entry.entry_id)
+    await hass.async_block_till_done()
