@@ -107,6 +107,7 @@ STT_SCHEMA = vol.Schema(
         vol.Optional("compute_type", default="int8"): str,
         vol.Optional("threads", default=0): _count(0),  # 0: one per core this process owns
         vol.Optional("beam_size", default=1): _count(1),
+        vol.Optional("vad", default=False): bool,  # trim silence before transcribing
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -175,6 +176,7 @@ class SttConfig:
     compute_type: str = "int8"
     threads: int = 0
     beam_size: int = 1
+    vad: bool = False
 
 
 @dataclass(frozen=True)

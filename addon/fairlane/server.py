@@ -779,6 +779,7 @@ def build_services(cfg: config_mod.Config) -> Services:
                 compute_type=cfg.stt.compute_type,
                 threads=cfg.stt.threads or default_threads(),
                 beam_size=cfg.stt.beam_size,
+                vad=cfg.stt.vad,
             )
         )
         engines[Kind.STT] = stt
