@@ -37,7 +37,7 @@ def fairlane_server(
     port, wyoming = _free_port(), _free_port()
     config = tmp_path_factory.mktemp("fairlane") / "fairlane.yaml"
     config.write_text(
-        f"server: {{host: 127.0.0.1, port: {port}}}\n"
+        f"server: {{host: 127.0.0.1, port: {port}, data_dir: {config.parent}}}\n"
         f"wyoming: {{port: {wyoming}}}\n"
         "llm: {n_ctx: 2048}\n"
         "embed: {enabled: false}\n"

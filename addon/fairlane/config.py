@@ -79,6 +79,8 @@ SERVER_SCHEMA = vol.Schema(
         # Interactive SLO targets are multiplied by this on a CPU (a 2-core box is ~8× slower).
         vol.Optional("cpu_slo_scale", default=8.0): _positive(1),
         vol.Optional("max_body_mb", default=32): _positive(0.001),
+        # Where the document index (SQLite) lives.
+        vol.Optional("data_dir", default="~/.local/share/fairlane"): str,
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -155,6 +157,7 @@ class ServerConfig:
     profile: str = "auto"
     cpu_slo_scale: float = 8.0
     max_body_mb: float = 32
+    data_dir: str = "~/.local/share/fairlane"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from fairlane import __version__, models, wyoming_server
 from fairlane import config as config_mod
 from fairlane.chat import ChatTemplate, ChatTemplateError, may_be_tool_call, parse_tool_calls
 from fairlane.device import DeviceLoop
+from fairlane.documents import DocumentError, DocumentStore, chunk_tokens, extract_text, progress
 from fairlane.engines.embed import EmbedConfig as EmbedEngineConfig
 from fairlane.engines.embed import EmbeddingEngine
 from fairlane.engines.llm import (
@@ -193,10 +194,14 @@ class Services:
     wyoming_port: int | None = None
     embedder: EmbeddingEngine | None = None
     embed_name: str = ""
+    documents: DocumentStore | None = None
+    index_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    started_at: float = field(default_factory=time.time)
 
 
 SERVICES = web.AppKey("services", Services)
 WYOMING = web.AppKey("wyoming", AsyncTcpServer)
+INDEXER = web.AppKey("indexer", asyncio.Task)
 
 
 @web.middleware
@@ -247,11 +252,20 @@ def create_app(services: Services) -> web.Application:
     app.router.add_post("/v1/chat/completions/{id}/cancel", cancel_completion)
     app.router.add_post("/v1/audio/transcriptions", transcriptions)
     app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/documents", add_document)
+    app.router.add_get("/v1/documents", list_documents)
+    app.router.add_post("/v1/documents/search", search_documents)
+    app.router.add_get("/v1/documents/{id}", get_document)
+    app.router.add_delete("/v1/documents/{id}", delete_document)
+    app.router.add_get("/v1/jobs", jobs)
+    app.router.add_get("/v1/jobs/{id}", job)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
     app.on_startup.append(_start_wyoming)
+    app.on_startup.append(_start_indexer)
     app.on_cleanup.append(_stop_wyoming)
+    app.on_cleanup.append(_stop_indexer)
     return app
 
 
@@ -742,6 +756,187 @@ def _resolve(future: asyncio.Future[Any], event: Any) -> None:
         future.set_result(event)
 
 
+# --- documents ------------------------------------------------------------------------------------
+
+CHUNK_TOKENS, CHUNK_OVERLAP = 200, 40
+
+
+def _documents(request: web.Request) -> tuple[Services, DocumentStore]:
+    svc = _services(request)
+    if svc.documents is None or svc.embedder is None:
+        raise ApiError(
+            400,
+            "documents need the embedding engine (embed.enabled: false)",
+            code="documents_disabled",
+        )
+    return svc, svc.documents
+
+
+async def add_document(request: web.Request) -> web.Response:
+    """Store a document durably, then answer; indexing runs in the background lane."""
+    svc, store = _documents(request)
+    if request.content_type.startswith("multipart/"):
+        fields, upload = await _read_form(request)
+        if upload is None:
+            raise ApiError(400, "no `file` part in the multipart body", param="file")
+        data, filename, content_type = upload
+        content_type = fields.get("content_type") or content_type or "text/plain"
+        meta: dict[str, Any] = {
+            "title": fields.get("title") or filename,
+            "source": fields.get("source"),
+            "tags": [t for t in (fields.get("tags") or "").split(",") if t],
+        }
+    else:
+        body = _validate(DOCUMENT_REQUEST, await _json_body(request))
+        data, content_type = body["text"].encode(), body["content_type"]
+        meta = {
+            "title": body.get("title"),
+            "source": body.get("source"),
+            "tags": body.get("tags") or [],
+        }
+    embedder = svc.embedder
+    assert embedder is not None
+    try:
+        text = await asyncio.to_thread(extract_text, data, content_type)
+    except DocumentError as err:
+        raise ApiError(err.status, str(err), param="file", code="bad_document") from err
+    chunks = await asyncio.to_thread(_chunk, embedder, text)
+    title = meta["title"] or text.splitlines()[0][:80]
+    document_id, created = await asyncio.to_thread(
+        store.add, text, chunks, title, meta["source"], meta["tags"], content_type
+    )
+    svc.index_wakeup.set()
+    document = store.documents(document_id)[0]
+    return web.json_response({**document, "unchanged": not created}, status=202 if created else 200)
+
+
+def _chunk(embedder: EmbeddingEngine, text: str) -> list[tuple[str, list[int]]]:
+    """Token-aware overlapping chunks of `text`, each with the token ids it will embed."""
+    encoding = embedder.tokenizer_full.encode(text, add_special_tokens=False)
+    chunks = []
+    for start, end in chunk_tokens(encoding.ids, CHUNK_TOKENS, CHUNK_OVERLAP):
+        piece = text[encoding.offsets[start][0] : encoding.offsets[end - 1][1]]
+        chunks.append((piece, embedder.tokenize([piece])[0]))
+    return chunks
+
+
+DOCUMENT_REQUEST = vol.Schema(
+    {
+        vol.Required("text"): vol.All(str, vol.Length(min=1, msg="must not be empty")),
+        vol.Optional("content_type", default="text/plain"): str,
+        vol.Optional("title"): vol.Any(str, None),
+        vol.Optional("source"): vol.Any(str, None),
+        vol.Optional("tags"): vol.Any([str], None),
+    },
+    extra=vol.PREVENT_EXTRA,
+)
+SEARCH_REQUEST = vol.Schema(
+    {
+        vol.Required("query"): vol.All(str, vol.Length(min=1, msg="must not be empty")),
+        vol.Optional("top_k", default=5): vol.All(int, vol.Range(min=1, max=50)),
+    },
+    extra=vol.PREVENT_EXTRA,
+)
+
+
+async def list_documents(request: web.Request) -> web.Response:
+    _, store = _documents(request)
+    return web.json_response({"data": await asyncio.to_thread(store.documents)})
+
+
+async def get_document(request: web.Request) -> web.Response:
+    _, store = _documents(request)
+    found = await asyncio.to_thread(store.documents, request.match_info["id"])
+    if not found:
+        raise ApiError(404, f"no document {request.match_info['id']!r}", code="not_found")
+    return web.json_response(found[0])
+
+
+async def delete_document(request: web.Request) -> web.Response:
+    _, store = _documents(request)
+    if not await asyncio.to_thread(store.delete, request.match_info["id"]):
+        raise ApiError(404, f"no document {request.match_info['id']!r}", code="not_found")
+    return web.json_response({"id": request.match_info["id"], "deleted": True})
+
+
+async def search_documents(request: web.Request) -> web.Response:
+    """Query → the top-k chunks, embedded at `chat` class (someone is waiting for it)."""
+    svc, store = _documents(request)
+    body = _validate(SEARCH_REQUEST, await _json_body(request))
+    assert svc.embedder is not None
+    tokens = svc.embedder.tokenize([body["query"]])
+    priority = _request_class(request, body, Priority.CHAT)
+    [vector] = await _embed_all(svc, tokens, priority, "search")
+    hits = await asyncio.to_thread(store.search, vector, body["top_k"])
+    return web.json_response({"data": [hit.__dict__ for hit in hits]})
+
+
+async def jobs(request: web.Request) -> web.Response:
+    svc, store = _documents(request)
+    documents = await asyncio.to_thread(store.documents)
+    return web.json_response(
+        {
+            "indexing": progress(documents, svc.started_at),
+            "data": [
+                {
+                    "id": d["id"],
+                    "kind": "index",
+                    "status": d["status"],
+                    "chunks_done": d["chunks_done"],
+                    "chunks_total": d["chunks_total"],
+                }
+                for d in documents
+            ],
+        }
+    )
+
+
+async def job(request: web.Request) -> web.Response:
+    svc, store = _documents(request)
+    found = await asyncio.to_thread(store.documents, request.match_info["id"])
+    if not found:
+        raise ApiError(404, f"no job {request.match_info['id']!r}", code="not_found")
+    return web.json_response(
+        {**progress(found, svc.started_at), "id": found[0]["id"], "status": found[0]["status"]}
+    )
+
+
+async def _index_forever(svc: Services) -> None:
+    """Embed chunks that have no vector yet, oldest documents first, until cancelled."""
+    assert svc.documents is not None and svc.embedder is not None
+    while True:
+        batch = await asyncio.to_thread(svc.documents.pending, 256)
+        if not batch:
+            svc.index_wakeup.clear()
+            await svc.index_wakeup.wait()
+            continue
+        try:
+            vectors = await _embed_all(
+                svc, [tokens for _, _, tokens in batch], Priority.BACKGROUND, "documents"
+            )
+        except ApiError as err:  # refused (queue full): try again shortly
+            _LOGGER.warning("indexing paused: %s", err.message)
+            await asyncio.sleep(1.0)
+            continue
+        items = [
+            (chunk_id, vector) for (chunk_id, _, _), vector in zip(batch, vectors, strict=True)
+        ]
+        await asyncio.to_thread(svc.documents.store_vectors, items)
+
+
+async def _start_indexer(app: web.Application) -> None:
+    svc = app[SERVICES]
+    if svc.documents is not None and svc.embedder is not None:
+        app[INDEXER] = asyncio.create_task(_index_forever(svc))
+
+
+async def _stop_indexer(app: web.Application) -> None:
+    if INDEXER in app:
+        app[INDEXER].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await app[INDEXER]
+
+
 # --- start-up ----------------------------------------------------------------------------------
 
 
@@ -812,6 +1007,9 @@ def build_services(cfg: config_mod.Config) -> Services:
         speech,
         embedder=embedder,
         embed_name=cfg.embed.model,
+        documents=DocumentStore(Path(cfg.server.data_dir).expanduser() / "fairlane.sqlite")
+        if embedder is not None
+        else None,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -14,7 +15,9 @@ TOKEN = "test-token"
 
 
 def server_config(policy: str = "fairlane", **llm: object) -> config.Config:
-    cfg = config.parse({"server": {"port": 0, "token": TOKEN}, "wyoming": {"port": 0},
+    data_dir = tempfile.mkdtemp(prefix="fairlane-test-")
+    cfg = config.parse({"server": {"port": 0, "token": TOKEN, "data_dir": data_dir},
+                        "wyoming": {"port": 0},
                         "llm": {"n_ctx": 4096, "n_seq_max": 8, "max_tokens": 64, **llm}})
     return replace(cfg, policy_name=policy)
 

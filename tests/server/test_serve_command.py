@@ -27,7 +27,8 @@ def test_serve_starts_on_the_default_model_with_a_token_from_the_environment(tmp
     port = free_port()
     env = {**os.environ, "FAIRLANE_TOKEN": "from-env"}
     config = tmp_path / "fairlane.yaml"
-    config.write_text("wyoming: {port: 0}\n")  # any free port: the default may be taken
+    # Any free Wyoming port (the default may be taken); the index in the test's folder.
+    config.write_text(f"wyoming: {{port: 0}}\nserver: {{data_dir: {tmp_path}}}\n")
     argv = [sys.executable, "-m", "fairlane", "serve", "--port", str(port), "--policy", "fcfs",
             "--config", str(config)]
     with ServerProcess(argv, port, env=env) as server:

@@ -71,7 +71,7 @@ def fairlane_server(
     """`fairlane serve` on the default model, configured by a temporary YAML file."""
     port = free_port()
     cfg = {
-        "server": {"port": port},
+        "server": {"port": port, "data_dir": tempfile.mkdtemp(prefix="fairlane-bench-")},
         "wyoming": {"port": 0},
         "llm": {"threads": threads, "n_seq_max": n_seq_max, "n_ctx": 8192},
     }

@@ -56,6 +56,10 @@ class EmbeddingEngine:
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.enable_truncation(self.max_tokens)
         self.tokenizer.no_padding()
+        # The same tokenizer without truncation: documents are chunked by their token offsets.
+        self.tokenizer_full = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tokenizer_full.no_truncation()
+        self.tokenizer_full.no_padding()
         self.dimensions = int(_read_json(folder / "config.json").get("hidden_size", 0))
         self.pending: dict[str, list[int]] = {}
         self._run = self._torch_runner() if config.backend == "torch" else self._onnx_runner()

@@ -1,0 +1,351 @@
+"""The household document index: durable in SQLite before it is acknowledged, indexed once.
+
+A document and all its chunks are written in one transaction (WAL, synchronous=FULL) before the
+HTTP request is answered. Indexing is the state in the database: a chunk without a vector is
+work to do. The indexer embeds such chunks through the device loop as `background` work and
+writes each vector with `UPDATE … WHERE vector IS NULL`, so after a crash (even kill -9) every
+acknowledged document is indexed exactly once: nothing is lost and no chunk is duplicated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html.parser
+import io
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS documents (
+    id TEXT PRIMARY KEY,
+    sha256 TEXT NOT NULL UNIQUE,
+    title TEXT NOT NULL,
+    source TEXT,
+    tags TEXT NOT NULL,
+    content_type TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    chunks_total INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY,
+    document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    tokens TEXT NOT NULL,
+    vector BLOB,
+    indexed_at REAL,
+    UNIQUE (document_id, seq)
+);
+CREATE INDEX IF NOT EXISTS chunks_todo ON chunks (vector) WHERE vector IS NULL;
+"""
+
+
+class DocumentError(ValueError):
+    """A document that cannot be added; `status` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _TextOfHtml(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        if tag in ("script", "style"):
+            self._skip += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style") and self._skip:
+            self._skip -= 1
+        elif tag in ("p", "div", "br", "li", "h1", "h2", "h3", "tr"):
+            self.parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.parts.append(data)
+
+
+CONTENT_TYPES = {
+    "text/plain": "text",
+    "text": "text",
+    "text/markdown": "markdown",
+    "markdown": "markdown",
+    "text/html": "html",
+    "html": "html",
+    "application/pdf": "pdf",
+    "pdf": "pdf",
+}
+
+
+def extract_text(data: bytes, content_type: str) -> str:
+    """Plain text of a text, Markdown, HTML or PDF document."""
+    kind = CONTENT_TYPES.get(content_type.split(";")[0].strip().lower())
+    if kind is None:
+        raise DocumentError(
+            f"unsupported content type {content_type!r}: send text, Markdown, HTML or PDF", 415
+        )
+    if kind == "pdf":
+        from pypdf import PdfReader
+        from pypdf.errors import PdfReadError
+
+        try:
+            reader = PdfReader(io.BytesIO(data))
+            text = "\n".join(page.extract_text() or "" for page in reader.pages)
+        except (PdfReadError, ValueError, KeyError, TypeError) as err:
+            raise DocumentError(f"the PDF cannot be read: {err}") from err
+    else:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise DocumentError("the document is not UTF-8 text") from err
+        if kind == "html":
+            parser = _TextOfHtml()
+            parser.feed(text)
+            text = "".join(parser.parts)
+    text = "\n".join(line.strip() for line in text.splitlines() if line.strip())
+    if not text:
+        raise DocumentError("the document holds no text")
+    return text
+
+
+def chunk_tokens(token_ids: list[int], size: int, overlap: int) -> list[tuple[int, int]]:
+    """Overlapping windows of `size` tokens (start, end) covering every token once at least."""
+    if len(token_ids) <= size:
+        return [(0, len(token_ids))]
+    step = size - overlap
+    spans = []
+    start = 0
+    while True:
+        end = min(start + size, len(token_ids))
+        spans.append((start, end))
+        if end == len(token_ids):
+            return spans
+        start += step
+
+
+@dataclass(frozen=True)
+class Hit:
+    document_id: str
+    title: str
+    seq: int
+    score: float
+    text: str
+
+
+class DocumentStore:
+    """SQLite storage and the in-memory search matrix of indexed chunks."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.Lock()
+        self._ids: list[tuple[str, int]] = []
+        self._matrix = np.zeros((0, 0), dtype=np.float32)
+        self._load_index()
+
+    def close(self) -> None:
+        self._db.close()
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def add(
+        self,
+        text: str,
+        chunks: list[tuple[str, list[int]]],
+        title: str,
+        source: str | None,
+        tags: list[str],
+        content_type: str,
+    ) -> tuple[str, bool]:
+        """Store a document and its chunks in one transaction; (id, created)."""
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id FROM documents WHERE sha256 = ?", (digest,)
+            ).fetchone()
+            if row is not None:
+                return str(row[0]), False  # unchanged: nothing to embed again
+            document_id = f"doc-{uuid.uuid4().hex[:16]}"
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        document_id,
+                        digest,
+                        title,
+                        source,
+                        json.dumps(tags),
+                        content_type,
+                        time.time(),
+                        len(chunks),
+                    ),
+                )
+                self._db.executemany(
+                    "INSERT INTO chunks (document_id, seq, text, tokens) VALUES (?, ?, ?, ?)",
+                    [
+                        (document_id, seq, chunk, json.dumps(tokens))
+                        for seq, (chunk, tokens) in enumerate(chunks)
+                    ],
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            return document_id, True
+
+    def delete(self, document_id: str) -> bool:
+        with self._lock:
+            cursor = self._db.execute("DELETE FROM documents WHERE id = ?", (document_id,))
+            self._db.execute("DELETE FROM chunks WHERE document_id = ?", (document_id,))
+            keep = [i for i, (doc, _) in enumerate(self._ids) if doc != document_id]
+            self._ids = [self._ids[i] for i in keep]
+            self._matrix = self._matrix[keep] if len(self._matrix) else self._matrix
+            return cursor.rowcount > 0
+
+    def pending(self, limit: int) -> list[tuple[int, str, list[int]]]:
+        """Chunks still without a vector, oldest documents first: (chunk id, document, tokens)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT c.id, c.document_id, c.tokens FROM chunks c "
+                "JOIN documents d ON d.id = c.document_id "
+                "WHERE c.vector IS NULL ORDER BY d.created_at, c.seq LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [(int(r[0]), str(r[1]), json.loads(r[2])) for r in rows]
+
+    def store_vectors(self, items: list[tuple[int, np.ndarray]]) -> None:
+        """Write vectors once (a chunk that already has one keeps it) and index them."""
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            written = []
+            for chunk_id, vector in items:
+                cursor = self._db.execute(
+                    "UPDATE chunks SET vector = ?, indexed_at = ? WHERE id = ? AND vector IS NULL",
+                    (vector.astype(np.float32).tobytes(), now, chunk_id),
+                )
+                if cursor.rowcount:
+                    written.append(chunk_id)
+            self._db.execute("COMMIT")
+            if written:
+                rows = self._db.execute(
+                    f"SELECT document_id, seq, vector FROM chunks WHERE id IN "
+                    f"({','.join('?' * len(written))})",
+                    written,
+                ).fetchall()
+                self._append(
+                    [(str(r[0]), int(r[1])) for r in rows],
+                    np.stack([np.frombuffer(r[2], dtype=np.float32) for r in rows]),
+                )
+
+    def _load_index(self) -> None:
+        rows = self._db.execute(
+            "SELECT document_id, seq, vector FROM chunks WHERE vector IS NOT NULL"
+        ).fetchall()
+        if rows:
+            self._append(
+                [(str(r[0]), int(r[1])) for r in rows],
+                np.stack([np.frombuffer(r[2], dtype=np.float32) for r in rows]),
+            )
+
+    def _append(self, ids: list[tuple[str, int]], vectors: np.ndarray) -> None:
+        self._ids.extend(ids)
+        self._matrix = vectors if self._matrix.size == 0 else np.vstack([self._matrix, vectors])
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def search(self, query: np.ndarray, top_k: int) -> list[Hit]:
+        """Brute force over the in-memory matrix: household scale fits in memory."""
+        with self._lock:
+            if not self._ids:
+                return []
+            scores = self._matrix @ query.astype(np.float32)
+            best = np.argsort(-scores)[:top_k]
+            picked = [(self._ids[i], float(scores[i])) for i in best]
+        hits = []
+        for (document_id, seq), score in picked:
+            row = self._db.execute(
+                "SELECT d.title, c.text FROM chunks c JOIN documents d ON d.id = c.document_id "
+                "WHERE c.document_id = ? AND c.seq = ?",
+                (document_id, seq),
+            ).fetchone()
+            if row is not None:
+                hits.append(Hit(document_id, str(row[0]), seq, round(score, 4), str(row[1])))
+        return hits
+
+    def documents(self, document_id: str | None = None) -> list[dict[str, Any]]:
+        query = (
+            "SELECT d.id, d.title, d.source, d.tags, d.content_type, d.created_at, "
+            "d.chunks_total, COUNT(c.vector), MIN(c.indexed_at), MAX(c.indexed_at) "
+            "FROM documents d LEFT JOIN chunks c ON c.document_id = d.id "
+        )
+        args: tuple[Any, ...] = ()
+        if document_id is not None:
+            query += "WHERE d.id = ? "
+            args = (document_id,)
+        query += "GROUP BY d.id ORDER BY d.created_at"
+        with self._lock:
+            rows = self._db.execute(query, args).fetchall()
+        return [
+            {
+                "id": r[0],
+                "title": r[1],
+                "source": r[2],
+                "tags": json.loads(r[3]),
+                "content_type": r[4],
+                "created_at": r[5],
+                "chunks_total": r[6],
+                "chunks_done": r[7],
+                "status": "indexed" if r[7] == r[6] else "indexing",
+                "first_indexed_at": r[8],
+                "last_indexed_at": r[9],
+            }
+            for r in rows
+        ]
+
+    def chunk_counts(self) -> dict[str, int]:
+        with self._lock:
+            total, done, duplicates = self._db.execute(
+                "SELECT COUNT(*), COUNT(vector), "
+                "(SELECT COUNT(*) FROM (SELECT document_id, seq FROM chunks "
+                " GROUP BY document_id, seq HAVING COUNT(*) > 1)) FROM chunks"
+            ).fetchone()
+        return {"total": int(total), "done": int(done), "duplicates": int(duplicates)}
+
+
+def progress(
+    documents: list[dict[str, Any]], started: float, clock: Callable[[], float] = time.time
+) -> dict[str, Any]:
+    """Indexing progress over documents: counts, rate and ETA."""
+    total = sum(d["chunks_total"] for d in documents)
+    done = sum(d["chunks_done"] for d in documents)
+    elapsed = max(clock() - started, 1e-6)
+    recent = [d for d in documents if d["last_indexed_at"] and d["last_indexed_at"] >= started]
+    rate = sum(d["chunks_done"] for d in recent) / elapsed if recent else 0.0
+    return {
+        "documents_total": len(documents),
+        "documents_done": sum(1 for d in documents if d["status"] == "indexed"),
+        "chunks_total": total,
+        "chunks_done": done,
+        "chunks_per_s": round(rate, 2),
+        "eta_s": round((total - done) / rate, 1) if rate > 0 and done < total else 0.0,
+    }

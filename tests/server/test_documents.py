@@ -1,0 +1,245 @@
+"""The household document index: durable before acknowledged, indexed once, searchable."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from fairlane.bench.servers import free_port
+from fairlane.server import BackgroundServer
+from tests.server.test_chat_api import http
+from tests.server.test_speech import multipart
+
+CORPUS = {
+    "dishwasher": "Dishwasher manual. The eco programme washes at 45 degrees and takes three "
+                  "hours. Clean the filter every month. Refill the rinse aid when its light is on.",
+    "school": "Letter from the school. The class trip to the science museum is on Friday. "
+              "Children need a packed lunch, a raincoat and ten euros for the shop.",
+    "bread": "Recipe for banana bread. Mash three ripe bananas, mix with flour, sugar, an egg "
+             "and melted butter, then bake for an hour at 175 degrees.",
+    "boiler": "Boiler service record. The gas boiler was serviced in March by the plumber; "
+              "the pressure was topped up to 1.5 bar. Next service due next spring.",
+    "car": "Car insurance renewal. The policy renews on the first of June; the premium rises "
+           "to 640 euros. Call the broker to compare quotes.",
+    "wifi": "Home network notes. The wifi password for guests is on the fridge; the router "
+            "restarts itself every night at 4 am.",
+    "vet": "Vet appointment for the cat on Tuesday at 10. Bring the vaccination booklet.",
+    "garden": "Garden plan: water the tomatoes every evening in July; cut the hedge in "
+              "September; plant tulip bulbs in October.",
+    "bins": "Bin collection: the green bin goes out on Monday night, paper every second "
+            "Thursday, glass to the bottle bank.",
+    "passport": "The children's passports expire in August; renewal takes six weeks at the "
+                "town hall and needs new photos.",
+}
+QUERIES = {
+    "How long does the eco wash take?": "dishwasher",
+    "What do the kids need for the museum trip?": "school",
+    "How do I bake with old bananas?": "bread",
+    "When is the heating checked again?": "boiler",
+    "How much will the car insurance cost?": "car",
+    "What is the guest wifi password?": "wifi",
+    "When does the cat see the vet?": "vet",
+    "When should I plant tulips?": "garden",
+    "Which day do the bins go out?": "bins",
+    "How long does a passport renewal take?": "passport",
+}
+
+
+def _wait_indexed(server, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _, body = http(server, "GET", "/v1/jobs")
+        progress = body["indexing"]
+        if progress["chunks_done"] == progress["chunks_total"]:
+            return body
+        time.sleep(0.1)
+    raise AssertionError(f"not indexed: {body}")
+
+
+def test_documents_are_indexed_and_the_right_one_is_found(server: BackgroundServer) -> None:
+    ids = {}
+    for key, text in CORPUS.items():
+        status, body = http(server, "POST", "/v1/documents",
+                            {"text": text, "title": key, "tags": ["household"]})
+        assert status == 202 and body["chunks_total"] >= 1
+        ids[key] = body["id"]
+    jobs = _wait_indexed(server)
+    assert jobs["indexing"]["documents_done"] >= len(CORPUS)
+    found = 0
+    for query, expected in QUERIES.items():
+        status, body = http(server, "POST", "/v1/documents/search", {"query": query, "top_k": 3})
+        assert status == 200 and body["data"][0]["score"] > 0
+        found += body["data"][0]["document_id"] == ids[expected]
+    assert found >= 8
+
+    # Re-adding an unchanged document does not embed it again.
+    status, again = http(server, "POST", "/v1/documents", {"text": CORPUS["vet"]})
+    assert status == 200 and again["unchanged"] and again["id"] == ids["vet"]
+    status, one = http(server, "GET", f"/v1/documents/{ids['vet']}")
+    assert one["status"] == "indexed" and one["tags"] == ["household"]
+    assert http(server, "GET", f"/v1/jobs/{ids['vet']}")[1]["status"] == "indexed"
+
+    assert http(server, "DELETE", f"/v1/documents/{ids['wifi']}")[0] == 200
+    status, body = http(server, "POST", "/v1/documents/search",
+                        {"query": "What is the guest wifi password?", "top_k": 10})
+    assert all(hit["document_id"] != ids["wifi"] for hit in body["data"])
+    assert http(server, "GET", f"/v1/documents/{ids['wifi']}")[0] == 404
+
+
+def test_long_documents_become_overlapping_chunks(server) -> None:
+    text = " ".join(f"Sentence {i} of the long heating manual." for i in range(300))
+    status, body = http(server, "POST", "/v1/documents", {"text": text, "title": "manual"})
+    assert status == 202 and body["chunks_total"] > 5
+
+
+def _pdf(text: str) -> bytes:
+    # A one-page PDF with a text object, written by hand (no PDF writer needed).
+    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = io.BytesIO(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(out.tell())
+        out.write(b"%d 0 obj\n" % number + body + b"\nendobj\n")
+    xref = out.tell()
+    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
+    for offset in offsets:
+        out.write(b"%010d 00000 n \n" % offset)
+    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n"
+              % (len(objects) + 1, xref))
+    return out.getvalue()
+
+
+def test_pdf_and_html_uploads_are_read_as_text(server) -> None:
+    body, header = multipart({"title": "warranty"}, _pdf("Fridge warranty ends in 2028"),
+                             "warranty.pdf", "application/pdf")
+    status, doc = http(server, "POST", "/v1/documents", body, headers={"Content-Type": header})
+    assert status == 202, doc
+    page = "<html><body><h1>Bike</h1><p>The bike lock code is 4711.</p><script>x()</script>"
+    status, doc = http(server, "POST", "/v1/documents",
+                       {"text": page, "content_type": "text/html", "title": "bike"})
+    assert status == 202
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "message"),
+    [
+        ({"text": ""}, None, 400, "must not be empty"),
+        ({"text": "   \n  "}, None, 400, "no text"),
+        ({"text": "x", "content_type": "image/png"}, None, 415, "unsupported content type"),
+        ({"text": "x", "colour": "red"}, None, 400, "extra keys"),
+        (b"%PDF-1.4 this is not really a pdf", "application/pdf", 400, "PDF cannot be read"),
+        ({"query": ""}, "search", 400, "must not be empty"),
+        ({"query": "x", "top_k": 500}, "search", 400, "top_k"),
+    ],
+)
+def test_bad_documents_get_a_4xx_and_leave_the_index_consistent(server, body, content_type,
+                                                                 status, message) -> None:
+    before = http(server, "GET", "/v1/documents")[1]["data"]
+    if content_type == "search":
+        got, reply = http(server, "POST", "/v1/documents/search", body)
+    elif isinstance(body, bytes):
+        form, header = multipart({}, body, "broken.pdf", content_type)
+        got, reply = http(server, "POST", "/v1/documents", form, headers={"Content-Type": header})
+    else:
+        got, reply = http(server, "POST", "/v1/documents", body)
+    assert got == status and message in reply["error"]["message"]
+    assert http(server, "GET", "/v1/documents")[1]["data"] == before
+
+
+def test_an_upload_over_the_size_limit_is_refused(tmp_path) -> None:
+    from tests.server.conftest import server_config
+
+    cfg = server_config()
+    from dataclasses import replace
+
+    cfg = replace(cfg, server=replace(cfg.server, max_body_mb=0.01, data_dir=str(tmp_path)))
+    with BackgroundServer(cfg) as small:
+        status, reply = http(small, "POST", "/v1/documents", {"text": "x" * 20_000})
+        assert status == 413 and "larger than the limit" in reply["error"]["message"]
+
+
+# --- durability: kill -9 in the middle of indexing --------------------------------------------
+
+
+def _request(url: str, method: str = "GET", body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def _start(config: Path, port: int) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-m", "fairlane", "serve", "--config",
+                                str(config)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            _request(f"http://127.0.0.1:{port}/health")
+            return process
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.1)
+    process.kill()
+    raise AssertionError("server did not start")
+
+
+def test_kill_9_mid_indexing_loses_nothing_and_duplicates_nothing(tmp_path) -> None:
+    port = free_port()
+    config = tmp_path / "fairlane.yaml"
+    config.write_text(f"server: {{port: {port}, data_dir: {tmp_path}}}\n"
+                      "wyoming: {enabled: false}\nstt: {enabled: false}\nllm: {n_ctx: 1024}\n")
+    url = f"http://127.0.0.1:{port}"
+    process = _start(config, port)
+    acknowledged = []
+    try:
+        for i in range(200):
+            text = f"Household note {i}. " + " ".join(
+                f"Item {i}-{j}: check the {['boiler', 'fridge', 'car', 'garden'][j % 4]}."
+                for j in range(60))
+            acknowledged.append(_request(f"{url}/v1/documents", "POST",
+                                         {"text": text, "title": f"note {i}"})["id"])
+        progress = _request(f"{url}/v1/jobs")["indexing"]
+        assert progress["chunks_done"] < progress["chunks_total"]  # still indexing
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+
+    process = _start(config, port)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            progress = _request(f"{url}/v1/jobs")["indexing"]
+            if progress["chunks_done"] == progress["chunks_total"]:
+                break
+            time.sleep(0.2)
+        documents = _request(f"{url}/v1/documents")["data"]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert {d["id"] for d in documents} == set(acknowledged)
+    assert all(d["status"] == "indexed" for d in documents)
+    with sqlite3.connect(tmp_path / "fairlane.sqlite") as db:
+        duplicates = db.execute("SELECT COUNT(*) FROM (SELECT document_id, seq FROM chunks "
+                                "GROUP BY document_id, seq HAVING COUNT(*) > 1)").fetchone()[0]
+        missing = db.execute("SELECT COUNT(*) FROM chunks WHERE vector IS NULL").fetchone()[0]
+    assert duplicates == 0 and missing == 0
