@@ -70,7 +70,7 @@ def fairlane_server(
 ) -> ServerProcess:
     """`fairlane serve` on the default model, configured by a temporary YAML file."""
     port = free_port()
-    cfg = {
+    cfg: dict[str, dict[str, Any]] = {
         "server": {"port": port, "data_dir": tempfile.mkdtemp(prefix="fairlane-bench-")},
         "wyoming": {"port": 0},
         "llm": {"threads": threads, "n_seq_max": n_seq_max, "n_ctx": 8192},
