@@ -46,6 +46,18 @@ CREATE TABLE IF NOT EXISTS chunks (
     UNIQUE (document_id, seq)
 );
 CREATE INDEX IF NOT EXISTS chunks_todo ON chunks (vector) WHERE vector IS NULL;
+CREATE TABLE IF NOT EXISTS summaries (
+    id TEXT PRIMARY KEY,
+    document_id TEXT,
+    text TEXT NOT NULL,
+    style TEXT NOT NULL,
+    max_words INTEGER NOT NULL,
+    status TEXT NOT NULL,          -- pending, done, failed
+    result TEXT,
+    error TEXT,
+    created_at REAL NOT NULL,
+    finished_at REAL
+);
 """
 
 
@@ -270,6 +282,67 @@ class DocumentStore:
     def _append(self, ids: list[tuple[str, int]], vectors: np.ndarray) -> None:
         self._ids.extend(ids)
         self._matrix = vectors if self._matrix.size == 0 else np.vstack([self._matrix, vectors])
+
+    # --- summaries -------------------------------------------------------------------------
+
+    def document_text(self, document_id: str) -> str | None:
+        """The document's text, joined from its chunks (overlaps included once is not needed)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT text FROM chunks WHERE document_id = ? ORDER BY seq", (document_id,)
+            ).fetchall()
+        return "\n".join(str(r[0]) for r in rows) if rows else None
+
+    def add_summary(self, text: str, document_id: str | None, style: str, max_words: int) -> str:
+        """Store a summary job durably; it runs in the background lane."""
+        summary_id = f"sum-{uuid.uuid4().hex[:16]}"
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO summaries (id, document_id, text, style, max_words, status, "
+                "created_at) VALUES (?, ?, ?, ?, ?, 'pending', ?)",
+                (summary_id, document_id, text, style, max_words, time.time()),
+            )
+        return summary_id
+
+    def pending_summaries(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, text, style, max_words FROM summaries WHERE status = 'pending' "
+                "ORDER BY created_at"
+            ).fetchall()
+        return [{"id": r[0], "text": r[1], "style": r[2], "max_words": r[3]} for r in rows]
+
+    def finish_summary(self, summary_id: str, result: str | None, error: str | None) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE summaries SET status = ?, result = ?, error = ?, finished_at = ? "
+                "WHERE id = ?",
+                ("done" if error is None else "failed", result, error, time.time(), summary_id),
+            )
+
+    def summaries(self, summary_id: str | None = None) -> list[dict[str, Any]]:
+        query = (
+            "SELECT id, document_id, style, max_words, status, result, error, created_at, "
+            "finished_at FROM summaries"
+        )
+        args: tuple[Any, ...] = ()
+        if summary_id is not None:
+            query += " WHERE id = ?"
+            args = (summary_id,)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY created_at", args).fetchall()
+        keys = (
+            "id",
+            "document_id",
+            "style",
+            "max_words",
+            "status",
+            "result",
+            "error",
+            "created_at",
+            "finished_at",
+        )
+        return [dict(zip(keys, r, strict=True)) for r in rows]
 
     # --- reads -------------------------------------------------------------------------------
 

@@ -196,12 +196,14 @@ class Services:
     embed_name: str = ""
     documents: DocumentStore | None = None
     index_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    summary_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)
 
 
 SERVICES = web.AppKey("services", Services)
 WYOMING = web.AppKey("wyoming", AsyncTcpServer)
 INDEXER = web.AppKey("indexer", asyncio.Task)
+SUMMARISER = web.AppKey("summariser", asyncio.Task)
 
 
 @web.middleware
@@ -258,6 +260,8 @@ def create_app(services: Services) -> web.Application:
     app.router.add_get("/v1/documents/{id}", get_document)
     app.router.add_delete("/v1/documents/{id}", delete_document)
     app.router.add_get("/v1/jobs", jobs)
+    app.router.add_post("/v1/summaries", add_summary)
+    app.router.add_get("/v1/summaries/{id}", get_summary)
     app.router.add_get("/v1/jobs/{id}", job)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/metrics", metrics)
@@ -874,6 +878,7 @@ async def search_documents(request: web.Request) -> web.Response:
 async def jobs(request: web.Request) -> web.Response:
     svc, store = _documents(request)
     documents = await asyncio.to_thread(store.documents)
+    summaries = await asyncio.to_thread(store.summaries)
     return web.json_response(
         {
             "indexing": progress(documents, svc.started_at),
@@ -886,7 +891,8 @@ async def jobs(request: web.Request) -> web.Response:
                     "chunks_total": d["chunks_total"],
                 }
                 for d in documents
-            ],
+            ]
+            + [{"id": s["id"], "kind": "summary", "status": s["status"]} for s in summaries],
         }
     )
 
@@ -924,17 +930,157 @@ async def _index_forever(svc: Services) -> None:
         await asyncio.to_thread(svc.documents.store_vectors, items)
 
 
+# --- summaries --------------------------------------------------------------------------------
+
+SUMMARY_REQUEST = vol.Schema(
+    {
+        vol.Optional("document_id"): str,
+        vol.Optional("text"): vol.All(str, vol.Length(min=1, msg="must not be empty")),
+        vol.Optional("style", default="short"): vol.In(["short", "bullets"]),
+        vol.Optional("max_words", default=80): vol.All(int, vol.Range(min=10, max=400)),
+    },
+    extra=vol.PREVENT_EXTRA,
+)
+SUMMARY_PIECE_TOKENS = 1500
+
+
+async def add_summary(request: web.Request) -> web.Response:
+    """A summary job, durable before it is acknowledged; its result comes from the job."""
+    svc, store = _documents(request)
+    if svc.template is None:
+        raise ApiError(
+            400, f"this model cannot chat: {svc.template_error}", code="no_chat_template"
+        )
+    body = _validate(SUMMARY_REQUEST, await _json_body(request))
+    if ("text" in body) == ("document_id" in body):
+        raise ApiError(400, "give either `text` or `document_id`")
+    text: str | None = body.get("text")
+    if "document_id" in body:
+        text = await asyncio.to_thread(store.document_text, body["document_id"])
+    if text is None:
+        raise ApiError(404, f"no document {body['document_id']!r}", code="not_found")
+    summary_id = await asyncio.to_thread(
+        store.add_summary, text, body.get("document_id"), body["style"], body["max_words"]
+    )
+    svc.summary_wakeup.set()
+    return web.json_response({"id": summary_id, "status": "pending"}, status=202)
+
+
+async def get_summary(request: web.Request) -> web.Response:
+    _, store = _documents(request)
+    found = await asyncio.to_thread(store.summaries, request.match_info["id"])
+    if not found:
+        raise ApiError(404, f"no summary {request.match_info['id']!r}", code="not_found")
+    return web.json_response(found[0])
+
+
+async def generate(
+    svc: Services, messages: list[dict[str, Any]], max_tokens: int, priority: Priority, client: str
+) -> str:
+    """One LLM turn through the device loop, collected (summaries, and other server jobs)."""
+    assert svc.template is not None
+    prompt = await asyncio.to_thread(svc.engine.tokenize, svc.template.render(messages))
+    if len(prompt) + max_tokens > svc.engine.n_ctx:
+        raise ValueError(f"{len(prompt)} prompt tokens do not fit the context")
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+    request_id = f"gen-{uuid.uuid4().hex}"
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.2, seed=0)
+    item = Request(
+        request_id,
+        Kind.LLM,
+        priority,
+        client,
+        0.0,
+        prompt_tokens=len(prompt),
+        max_tokens=max_tokens,
+    )
+
+    def sink(event: TokenEvent) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    admission = svc.device.submit(item, lambda: svc.engine.add(request_id, prompt, params), sink)
+    if not admission.accepted:
+        raise RuntimeError(f"refused: {admission.reason}")
+    parts: list[str] = []
+    finished = False
+    try:
+        while not finished:
+            event = await queue.get()
+            parts.append(event.text)
+            finished = event.finish_reason is not None
+    finally:
+        if not finished:
+            svc.device.cancel(request_id)
+    if event.finish_reason in ("cancelled",) or str(event.finish_reason).startswith("error"):
+        raise RuntimeError(f"generation {event.finish_reason}")
+    return "".join(parts).strip()
+
+
+async def summarize(svc: Services, text: str, style: str, max_words: int) -> str:
+    """Map-reduce: long text is summarised in pieces (batched together), then the pieces."""
+    tokens = await asyncio.to_thread(svc.engine.tokenize, text)
+    if len(tokens) > SUMMARY_PIECE_TOKENS:
+        pieces = max(2, -(-len(tokens) // SUMMARY_PIECE_TOKENS))
+        size = -(-len(text) // pieces)
+        parts = await asyncio.gather(
+            *(
+                _summary_turn(svc, text[i : i + size], "short", 80)
+                for i in range(0, len(text), size)
+            )
+        )
+        text = "\n".join(parts)
+    return await _summary_turn(svc, text, style, max_words)
+
+
+async def _summary_turn(svc: Services, text: str, style: str, max_words: int) -> str:
+    shape = "as a few bullet points" if style == "bullets" else "in plain sentences"
+    messages = [
+        {
+            "role": "system",
+            "content": "You summarise household documents accurately and "
+            "briefly. Keep dates, amounts and names.",
+        },
+        {
+            "role": "user",
+            "content": f"Summarise this in at most {max_words} words, {shape}:\n\n{text}",
+        },
+    ]
+    return await generate(svc, messages, max_words * 2, Priority.BACKGROUND, "summaries")
+
+
+async def _summarise_forever(svc: Services) -> None:
+    """Run pending summary jobs (after a restart too: a job is done only once it is stored)."""
+    assert svc.documents is not None
+    while True:
+        pending = await asyncio.to_thread(svc.documents.pending_summaries)
+        if not pending:
+            svc.summary_wakeup.clear()
+            await svc.summary_wakeup.wait()
+            continue
+        for job in pending:
+            try:
+                result = await summarize(svc, job["text"], job["style"], job["max_words"])
+                error = None
+            except (RuntimeError, ValueError) as err:
+                result, error = None, str(err)
+            await asyncio.to_thread(svc.documents.finish_summary, job["id"], result, error)
+
+
 async def _start_indexer(app: web.Application) -> None:
     svc = app[SERVICES]
     if svc.documents is not None and svc.embedder is not None:
         app[INDEXER] = asyncio.create_task(_index_forever(svc))
+        if svc.template is not None:
+            app[SUMMARISER] = asyncio.create_task(_summarise_forever(svc))
 
 
 async def _stop_indexer(app: web.Application) -> None:
-    if INDEXER in app:
-        app[INDEXER].cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await app[INDEXER]
+    for key in (INDEXER, SUMMARISER):
+        if key in app:
+            app[key].cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await app[key]
 
 
 # --- start-up ----------------------------------------------------------------------------------

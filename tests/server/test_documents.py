@@ -243,3 +243,55 @@ def test_kill_9_mid_indexing_loses_nothing_and_duplicates_nothing(tmp_path) -> N
                                 "GROUP BY document_id, seq HAVING COUNT(*) > 1)").fetchone()[0]
         missing = db.execute("SELECT COUNT(*) FROM chunks WHERE vector IS NULL").fetchone()[0]
     assert duplicates == 0 and missing == 0
+
+
+# --- summaries ---------------------------------------------------------------------------------
+
+
+def _wait_summary(server, summary_id: str, timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, body = http(server, "GET", f"/v1/summaries/{summary_id}")
+        assert status == 200
+        if body["status"] != "pending":
+            return body
+        time.sleep(0.2)
+    raise AssertionError("summary did not finish")
+
+
+def test_a_summary_job_runs_in_the_background_and_is_stored(server) -> None:
+    status, doc = http(server, "POST", "/v1/documents", {"text": CORPUS["car"], "title": "car"})
+    assert status in (200, 202)
+    status, job = http(server, "POST", "/v1/summaries",
+                       {"document_id": doc["id"], "max_words": 30})
+    assert status == 202 and job["status"] == "pending"
+    done = _wait_summary(server, job["id"])
+    assert done["status"] == "done" and done["result"]
+    assert any(word in done["result"].lower() for word in ("june", "insurance", "premium"))
+    records = [r for r in server.services.device.records if r.kind.value == "llm"]
+    assert any("background" in {p.label for p in r.classes} for r in records)
+    kinds = {j["kind"] for j in http(server, "GET", "/v1/jobs")[1]["data"]}
+    assert kinds == {"index", "summary"}
+
+
+def test_a_long_text_is_summarised_map_reduce(server) -> None:
+    text = " ".join(CORPUS.values()) * 4  # more than one piece of 1,500 tokens
+    _, job = http(server, "POST", "/v1/summaries", {"text": text, "style": "bullets",
+                                                         "max_words": 40})
+    done = _wait_summary(server, job["id"])
+    assert done["status"] == "done" and done["result"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({}, 400, "either `text` or `document_id`"),
+        ({"text": "a", "document_id": "doc-x"}, 400, "either"),
+        ({"document_id": "doc-nope"}, 404, "no document"),
+        ({"text": "a", "style": "poem"}, 400, "style"),
+        ({"text": "a", "max_words": 5}, 400, "max_words"),
+    ],
+)
+def test_bad_summary_requests(server, body, status, message) -> None:
+    got, reply = http(server, "POST", "/v1/summaries", body)
+    assert got == status and message in reply["error"]["message"]
