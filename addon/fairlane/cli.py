@@ -47,9 +47,12 @@ def _bench(args: argparse.Namespace) -> int:
     elif args.what == "engine":
         result = llm.engine_costs(threads)
     elif args.what == "embed":
-        from fairlane.bench.embed import embed_bench
+        from fairlane.bench.embed import embed_bench, search_latency
 
-        result = embed_bench(threads, args.texts, args.backend)
+        result = {
+            "throughput": embed_bench(threads, args.texts, args.backend),
+            "search": search_latency([10_000, 100_000]),
+        }
     elif args.what == "speech":
         from fairlane.bench.speech import speech
 

@@ -306,6 +306,9 @@ async def stats(request: web.Request) -> web.Response:
     body = svc.telemetry.stats(svc.device.snapshot())
     body["policy"] = svc.policy_name
     body["steps"] = _step_summary(svc.device)
+    if svc.documents is not None:
+        documents = await asyncio.to_thread(svc.documents.documents)
+        body["background"] = {"indexing": progress(documents, svc.started_at)}
     return web.json_response(body)
 
 

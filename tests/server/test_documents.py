@@ -76,6 +76,8 @@ def test_documents_are_indexed_and_the_right_one_is_found(server: BackgroundServ
         ids[key] = body["id"]
     jobs = _wait_indexed(server)
     assert jobs["indexing"]["documents_done"] >= len(CORPUS)
+    stats = http(server, "GET", "/v1/stats")[1]["background"]["indexing"]
+    assert stats["chunks_done"] == stats["chunks_total"] > 0
     found = 0
     for query, expected in QUERIES.items():
         status, body = http(server, "POST", "/v1/documents/search", {"query": query, "top_k": 3})

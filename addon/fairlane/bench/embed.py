@@ -119,3 +119,50 @@ def embed_bench(threads: int, count: int, backend: str) -> dict[str, Any]:
     }
     print(json.dumps(result, indent=2))
     return result
+
+
+def search_latency(sizes: list[int], dimensions: int = 384, queries: int = 50) -> dict[str, Any]:
+    """`DocumentStore.search` over N stored chunks (random unit vectors), in ms per query."""
+    import sqlite3
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    from fairlane.documents import DocumentStore
+
+    rng = np.random.default_rng(0)
+    out: dict[str, Any] = {}
+    for size in sizes:
+        folder = Path(tempfile.mkdtemp(prefix="fairlane-search-"))
+        DocumentStore(folder / "index.sqlite").close()  # create the schema
+        vectors = rng.standard_normal((size, dimensions)).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        with sqlite3.connect(folder / "index.sqlite") as db:
+            db.execute(
+                "INSERT INTO documents VALUES ('doc', 'x', 'bench', NULL, '[]', "
+                "'text/plain', 0, ?)",
+                (size,),
+            )
+            db.executemany(
+                "INSERT INTO chunks (document_id, seq, text, tokens, vector, indexed_at) "
+                "VALUES ('doc', ?, 'chunk', '[]', ?, 0)",
+                ((i, vectors[i].tobytes()) for i in range(size)),
+            )
+        store = DocumentStore(folder / "index.sqlite")
+        times = []
+        for q in range(queries):
+            start = time.perf_counter()
+            store.search(vectors[q], 5)
+            times.append(time.perf_counter() - start)
+        store.close()
+        out[str(size)] = {
+            "p50_ms": round((percentile(times, 50) or 0) * 1000, 2),
+            "p95_ms": round((percentile(times, 95) or 0) * 1000, 2),
+        }
+        print(
+            f"  search over {size:>7} chunks: p50 {out[str(size)]['p50_ms']} ms, "
+            f"p95 {out[str(size)]['p95_ms']} ms",
+            flush=True,
+        )
+    return out
