@@ -901,13 +901,23 @@ async def jobs(request: web.Request) -> web.Response:
 
 
 async def job(request: web.Request) -> web.Response:
+    """One job: a document's indexing (with progress) or a summary (with its result)."""
     svc, store = _documents(request)
-    found = await asyncio.to_thread(store.documents, request.match_info["id"])
-    if not found:
-        raise ApiError(404, f"no job {request.match_info['id']!r}", code="not_found")
-    return web.json_response(
-        {**progress(found, svc.started_at), "id": found[0]["id"], "status": found[0]["status"]}
-    )
+    job_id = request.match_info["id"]
+    found = await asyncio.to_thread(store.documents, job_id)
+    if found:
+        return web.json_response(
+            {
+                **progress(found, svc.started_at),
+                "id": job_id,
+                "kind": "index",
+                "status": found[0]["status"],
+            }
+        )
+    summary = await asyncio.to_thread(store.summaries, job_id)
+    if summary:
+        return web.json_response({**summary[0], "kind": "summary"})
+    raise ApiError(404, f"no job {job_id!r}", code="not_found")
 
 
 async def _index_forever(svc: Services) -> None:

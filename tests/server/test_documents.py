@@ -274,6 +274,8 @@ def test_a_summary_job_runs_in_the_background_and_is_stored(server) -> None:
     assert any("background" in {p.label for p in r.classes} for r in records)
     kinds = {j["kind"] for j in http(server, "GET", "/v1/jobs")[1]["data"]}
     assert kinds == {"index", "summary"}
+    as_job = http(server, "GET", f"/v1/jobs/{job['id']}")[1]
+    assert as_job["kind"] == "summary" and as_job["result"] == done["result"]
 
 
 def test_a_long_text_is_summarised_map_reduce(server) -> None:

@@ -14,6 +14,7 @@ from fairlane.policy import Kind, Priority
 from fairlane.server import BackgroundServer
 from tests.server.conftest import TOKEN
 from tests.server.test_chat_api import QUESTION, http
+from tests.server.test_speech import FIXTURES
 
 HOUSEHOLD = {
     "dishwasher": "The dishwasher's eco programme washes at 45 degrees and takes three hours.",
@@ -86,7 +87,7 @@ def test_bad_input_gets_a_4xx(server, body, message) -> None:
 
 def test_chat_during_a_large_ingestion_is_planned_at_the_next_boundary(server) -> None:
     device = server.services.device
-    texts = [f"Manual page {i}: " + HOUSEHOLD["boiler"] * 4 for i in range(1500)]
+    texts = [f"Manual page {i}: " + HOUSEHOLD["boiler"] * 6 for i in range(2000)]
     ingest = threading.Thread(target=lambda: client(server).embeddings.create(model="x",
                                                                               input=texts))
     ingest.start()
@@ -96,7 +97,14 @@ def test_chat_during_a_large_ingestion_is_planned_at_the_next_boundary(server) -
     ):
         time.sleep(0.005)
     reply = client(server).chat.completions.create(model="x", messages=QUESTION, max_tokens=2)
+    command = FIXTURES / "command-06.wav"
+    spoken = client(server).audio.transcriptions.create(model="x", file=command.open("rb"))
     ingest.join(timeout=300)
+    assert "timer" in spoken.text.lower()
+    stt_arrival = [r for r in server.services.telemetry.done if r.kind is Kind.STT][-1].arrival
+    stt_step = next(r for r in device.records if r.kind is Kind.STT and r.start >= stt_arrival)
+    assert [r for r in device.records if stt_arrival <= r.start < stt_step.start] == []
+    assert any(r.kind is Kind.EMBED and r.start > stt_step.end for r in device.records)
     arrival = [r for r in server.services.telemetry.done if r.kind is Kind.LLM][-1].arrival
     records = list(device.records)
     first_chat_step = next(r for r in records if reply.id in r.request_ids)
