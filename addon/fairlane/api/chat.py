@@ -1,0 +1,347 @@
+"""OpenAI chat completions: streaming, tool calls, cancellation; and server-side generation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import voluptuous as vol
+from aiohttp import web
+
+from fairlane.api.common import (
+    PRIORITY_NAMES,
+    ApiError,
+    Services,
+    json_body,
+    request_class,
+    services_of,
+    validate,
+)
+from fairlane.chat import ChatTemplateError, may_be_tool_call, parse_tool_calls
+from fairlane.engines.llm import (
+    SamplingParams,
+    TokenEvent,
+)
+from fairlane.policy import Kind, Priority, Request
+
+# --- request validation ------------------------------------------------------------------------
+
+_ROLES = vol.In(["system", "developer", "user", "assistant", "tool"])
+_CONTENT = vol.Any(
+    None,
+    str,
+    [
+        {vol.Required("type"): str, vol.Optional("text"): str},
+    ],
+)
+MESSAGE = vol.Schema(
+    {
+        vol.Required("role"): _ROLES,
+        vol.Optional("content"): _CONTENT,
+        vol.Optional("name"): str,
+        vol.Optional("tool_calls"): [dict],
+        vol.Optional("tool_call_id"): str,
+    },
+    extra=vol.ALLOW_EXTRA,
+)
+CHAT_REQUEST = vol.Schema(
+    {
+        vol.Required("messages"): vol.All([MESSAGE], vol.Length(min=1, msg="must not be empty")),
+        vol.Optional("model"): str,
+        vol.Optional("stream", default=False): bool,
+        vol.Optional("stream_options"): vol.Any({vol.Optional("include_usage"): bool}, None),
+        vol.Optional("max_tokens"): vol.Any(vol.All(int, vol.Range(min=1)), None),
+        vol.Optional("max_completion_tokens"): vol.Any(vol.All(int, vol.Range(min=1)), None),
+        vol.Optional("temperature"): vol.Any(
+            vol.All(vol.Coerce(float), vol.Range(min=0, max=2)), None
+        ),
+        vol.Optional("top_p"): vol.Any(
+            vol.All(vol.Coerce(float), vol.Range(min=0, max=1, min_included=False)), None
+        ),
+        vol.Optional("top_k"): vol.Any(vol.All(int, vol.Range(min=0)), None),
+        vol.Optional("seed"): vol.Any(int, None),
+        vol.Optional("stop"): vol.Any(str, vol.All([str], vol.Length(max=4)), None),
+        vol.Optional("n"): vol.Any(
+            vol.All(int, vol.Range(min=1, max=1, msg="only n=1 is supported")), None
+        ),
+        vol.Optional("user"): vol.Any(str, None),
+        vol.Optional("tools"): vol.Any(
+            [
+                {
+                    vol.Required("type"): "function",
+                    vol.Required("function"): {
+                        vol.Required("name"): str,
+                    },
+                }
+            ],
+            None,
+        ),
+        vol.Optional("tool_choice"): vol.Any(str, dict, None),
+        vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
+    },
+    extra=vol.ALLOW_EXTRA,  # other OpenAI fields (penalties, logprobs…) are accepted and ignored
+)
+
+
+async def cancel_completion(request: web.Request) -> web.Response:
+    svc = services_of(request)
+    completion_id = request.match_info["id"]
+    if not svc.device.cancel(completion_id):
+        raise ApiError(404, f"no running completion {completion_id!r}", code="not_found")
+    return web.json_response({"id": completion_id, "cancelled": True})
+
+
+# --- chat completions --------------------------------------------------------------------------
+
+
+@dataclass
+class _Turn:
+    """One chat completion in flight: its id, queue of token events and measurements."""
+
+    id: str
+    queue: asyncio.Queue[TokenEvent]
+    prompt_tokens: int
+    buffer_tools: bool
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    svc = services_of(request)
+    body = validate(CHAT_REQUEST, await json_body(request))
+    if svc.template is None:
+        raise ApiError(
+            400, f"this model cannot chat: {svc.template_error}", code="no_chat_template"
+        )
+    priority = request_class(request, body, Priority.CHAT)
+    tools = body.get("tools") or []
+    if body.get("tool_choice") == "none":
+        tools = []
+    try:
+        prompt_text = svc.template.render(body["messages"], tools or None)
+    except ChatTemplateError as err:
+        raise ApiError(400, str(err), param="messages") from err
+    prompt = await asyncio.to_thread(svc.engine.tokenize, prompt_text)
+    limit = svc.engine.n_ctx
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    max_tokens = max_tokens or svc.config.llm.max_tokens
+    if len(prompt) + 1 > limit:
+        raise ApiError(
+            400,
+            f"the prompt has {len(prompt)} tokens; the context holds {limit}",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    max_tokens = min(max_tokens, limit - len(prompt))
+    stop = body.get("stop")
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.7 if body.get("temperature") is None else body["temperature"],
+        top_p=1.0 if body.get("top_p") is None else body["top_p"],
+        top_k=body.get("top_k") or 0,
+        seed=body.get("seed"),
+        stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+    )
+    turn = _Turn(f"chatcmpl-{uuid.uuid4().hex}", asyncio.Queue(), len(prompt), bool(tools))
+    loop = asyncio.get_running_loop()
+    client = body.get("user") or request.headers.get("X-Fairlane-Client") or "anonymous"
+    policy_request = Request(
+        turn.id, Kind.LLM, priority, client, 0.0, prompt_tokens=len(prompt), max_tokens=max_tokens
+    )
+
+    def sink(event: TokenEvent) -> None:
+        loop.call_soon_threadsafe(turn.queue.put_nowait, event)
+
+    admission = svc.device.submit(
+        policy_request, lambda: svc.engine.add(turn.id, prompt, params), sink
+    )
+    if not admission.accepted:
+        svc.telemetry.refuse(priority)
+        raise ApiError(
+            429, f"request refused: {admission.reason}", kind="overloaded", code="refused"
+        )
+    record = svc.telemetry.begin(Kind.LLM, priority, client, len(prompt), policy_request.arrival)
+    try:
+        if body["stream"]:
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await response.prepare(request)
+            # A client that goes away mid-stream: `finally` cancels its sequence.
+            with contextlib.suppress(ConnectionResetError):
+                await _stream(response, svc, turn, record, tools, include_usage)
+            return response
+        return await _complete(svc, turn, record, tools)
+    finally:
+        if record.finished_at is None:  # the client went away or the handler failed
+            svc.device.cancel(turn.id)
+            svc.telemetry.finish(record, svc.device.clock(), outcome="cancelled")
+
+
+async def _next_event(turn: _Turn) -> TokenEvent:
+    event = await turn.queue.get()
+    if event.finish_reason and event.finish_reason.startswith("error"):
+        raise ApiError(500, f"the engine failed: {event.finish_reason}", kind="server_error")
+    return event
+
+
+def _finish(svc: Services, record: Any, event: TokenEvent) -> None:
+    # A cancelled turn ends its stream cleanly; it is counted as cancelled, not as served.
+    outcome = "cancelled" if event.finish_reason == "cancelled" else "finished"
+    svc.telemetry.finish(record, svc.device.clock(), outcome=outcome)
+
+
+async def _complete(svc: Services, turn: _Turn, record: Any, tools: list[Any]) -> web.Response:
+    parts: list[str] = []
+    while True:
+        event = await _next_event(turn)
+        if event.finish_reason != "cancelled":
+            svc.telemetry.token(record, svc.device.clock())
+        parts.append(event.text)
+        if event.finish_reason:
+            break
+    _finish(svc, record, event)
+    text = "".join(parts)
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    finish = "stop" if event.finish_reason == "cancelled" else event.finish_reason
+    calls = parse_tool_calls(text, tools) if tools else None
+    if calls:
+        message = {"role": "assistant", "content": None, "tool_calls": calls}
+        finish = "tool_calls"
+    completion = len(record.token_times)
+    return web.json_response(
+        {
+            "id": turn.id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": svc.model_name,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {
+                "prompt_tokens": turn.prompt_tokens,
+                "completion_tokens": completion,
+                "total_tokens": turn.prompt_tokens + completion,
+            },
+        }
+    )
+
+
+async def _stream(
+    response: web.StreamResponse,
+    svc: Services,
+    turn: _Turn,
+    record: Any,
+    tools: list[Any],
+    include_usage: bool,
+) -> None:
+    created = int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": turn.id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": svc.model_name,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+
+    async def send(payload: dict[str, Any]) -> None:
+        await response.write(f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode())
+
+    # SSE as OpenAI streams it:
+    #   data: {"choices":[{"delta":{"role":"assistant","content":""}}]}
+    #   data: {"choices":[{"delta":{"content":"The"}}]} …
+    #   data: {"choices":[{"delta":{},"finish_reason":"stop"}]}
+    #   data: [DONE]
+    await send(chunk({"role": "assistant", "content": ""}))
+    held = ""  # with tools offered, text that may still turn out to be a tool call
+    holding = bool(tools)
+    while True:
+        event = await _next_event(turn)
+        if event.finish_reason != "cancelled":
+            svc.telemetry.token(record, svc.device.clock())
+        if holding:
+            held += event.text
+            holding = may_be_tool_call(held)
+            if not holding and held:
+                await send(chunk({"content": held}))
+        elif event.text:
+            await send(chunk({"content": event.text}))
+        if event.finish_reason:
+            break
+    finish = event.finish_reason
+    if held and holding:
+        calls = parse_tool_calls(held, tools)
+        if calls:
+            for index, call in enumerate(calls):
+                await send(chunk({"tool_calls": [{"index": index, **call}]}))
+            finish = "tool_calls"
+        else:
+            await send(chunk({"content": held}))
+    _finish(svc, record, event)
+    await send(chunk({}, "stop" if finish == "cancelled" else finish))
+    if include_usage:
+        completion = len(record.token_times)
+        usage = {
+            "prompt_tokens": turn.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": turn.prompt_tokens + completion,
+        }
+        await send(
+            {
+                "id": turn.id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": svc.model_name,
+                "choices": [],
+                "usage": usage,
+            }
+        )
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+
+
+async def generate(
+    svc: Services, messages: list[dict[str, Any]], max_tokens: int, priority: Priority, client: str
+) -> str:
+    """One LLM turn through the device loop, collected (summaries, and other server jobs)."""
+    assert svc.template is not None
+    prompt = await asyncio.to_thread(svc.engine.tokenize, svc.template.render(messages))
+    if len(prompt) + max_tokens > svc.engine.n_ctx:
+        raise ValueError(f"{len(prompt)} prompt tokens do not fit the context")
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+    request_id = f"gen-{uuid.uuid4().hex}"
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.2, seed=0)
+    item = Request(
+        request_id,
+        Kind.LLM,
+        priority,
+        client,
+        0.0,
+        prompt_tokens=len(prompt),
+        max_tokens=max_tokens,
+    )
+
+    def sink(event: TokenEvent) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    admission = svc.device.submit(item, lambda: svc.engine.add(request_id, prompt, params), sink)
+    if not admission.accepted:
+        raise RuntimeError(f"refused: {admission.reason}")
+    parts: list[str] = []
+    finished = False
+    try:
+        while not finished:
+            event = await queue.get()
+            parts.append(event.text)
+            finished = event.finish_reason is not None
+    finally:
+        if not finished:
+            svc.device.cancel(request_id)
+    if event.finish_reason in ("cancelled",) or str(event.finish_reason).startswith("error"):
+        raise RuntimeError(f"generation {event.finish_reason}")
+    return "".join(parts).strip()

@@ -1,0 +1,155 @@
+"""What every API handler shares: the error type, request validation, the services bundle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import voluptuous as vol
+from aiohttp import BodyPartReader, ClientPayloadError, web
+from wyoming.server import AsyncTcpServer
+
+from fairlane import config as config_mod
+from fairlane.chat import ChatTemplate
+from fairlane.device import DeviceLoop
+from fairlane.documents import DocumentStore
+from fairlane.engines.embed import EmbeddingEngine
+from fairlane.engines.llm import (
+    LlamaEngine,
+)
+from fairlane.policy import Priority
+from fairlane.telemetry import Telemetry
+from fairlane.wyoming_server import SpeechService
+
+_LOGGER = logging.getLogger(__name__)
+
+CLASS_HEADER = "X-Fairlane-Class"
+
+
+class ApiError(Exception):
+    """An error for the client: status, OpenAI error type, message, and the offending field."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = (
+            status,
+            message,
+            kind,
+            param,
+            code,
+        )
+
+    def response(self) -> web.Response:
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+        return web.json_response(body, status=self.status)
+
+
+PRIORITY_NAMES = [p.label for p in Priority]
+
+
+def validate(schema: vol.Schema, data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return dict(schema(data))
+    except vol.MultipleInvalid as err:
+        first = err.errors[0]
+        path = ".".join(str(p) for p in first.path)
+        raise ApiError(400, f"{path or 'body'}: {first.msg}", param=path or None) from err
+
+
+async def json_body(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except json.JSONDecodeError as err:
+        raise ApiError(400, f"the body is not valid JSON: {err.msg} at position {err.pos}") from err
+    except UnicodeDecodeError as err:
+        raise ApiError(400, "the body is not UTF-8 text") from err
+
+
+def request_class(request: web.Request, body: dict[str, Any], default: Priority) -> Priority:
+    """The class from `X-Fairlane-Class` or the `fairlane_class` field (the field wins)."""
+    value = body.get("fairlane_class") or request.headers.get(CLASS_HEADER)
+    if value is None:
+        return default
+    try:
+        return Priority.parse(value)
+    except ValueError as err:
+        raise ApiError(400, str(err), param="fairlane_class") from err
+
+
+# --- the application -------------------------------------------------------------------------
+
+
+@dataclass
+class Services:
+    config: config_mod.Config
+    device: DeviceLoop
+    engine: LlamaEngine
+    template: ChatTemplate | None
+    template_error: str | None
+    telemetry: Telemetry
+    model_name: str
+    policy_name: str
+    speech: SpeechService | None = None
+    wyoming_port: int | None = None
+    embedder: EmbeddingEngine | None = None
+    embed_name: str = ""
+    documents: DocumentStore | None = None
+    index_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    summary_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    started_at: float = field(default_factory=time.time)
+
+
+SERVICES = web.AppKey("services", Services)
+WYOMING = web.AppKey("wyoming", AsyncTcpServer)
+INDEXER = web.AppKey("indexer", asyncio.Task)
+SUMMARISER = web.AppKey("summariser", asyncio.Task)
+
+
+def services_of(request: web.Request) -> Services:
+    return request.app[SERVICES]
+
+
+async def read_form(request: web.Request) -> tuple[dict[str, str], tuple[bytes, str, str] | None]:
+    """The text fields and the `file` part (bytes, filename, content type) of a multipart body."""
+    if not request.content_type.startswith("multipart/"):
+        raise ApiError(400, "send multipart/form-data with the audio in a `file` field")
+    fields: dict[str, str] = {}
+    upload: tuple[bytes, str, str] | None = None
+    try:
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, BodyPartReader) or part.name is None:
+                continue
+            if part.name == "file":
+                data = await part.read()
+                upload = (bytes(data), part.filename or "", part.headers.get("Content-Type", ""))
+            else:
+                fields[part.name] = (await part.text()).strip()
+    except (ValueError, AssertionError, ClientPayloadError) as err:
+        raise ApiError(400, f"the multipart body is malformed or truncated: {err}") from err
+    return fields, upload
+
+
+def resolve_future(future: asyncio.Future[Any], event: Any) -> None:
+    if not future.done():
+        future.set_result(event)

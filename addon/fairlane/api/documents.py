@@ -1,0 +1,320 @@
+"""Household documents and summaries over HTTP, and the workers that index and summarise them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import voluptuous as vol
+from aiohttp import web
+
+from fairlane.api.chat import generate
+from fairlane.api.common import (
+    INDEXER,
+    SERVICES,
+    SUMMARISER,
+    ApiError,
+    Services,
+    json_body,
+    read_form,
+    request_class,
+    services_of,
+    validate,
+)
+from fairlane.api.embeddings import embed_all
+from fairlane.documents import DocumentError, DocumentStore, chunk_tokens, extract_text, progress
+from fairlane.engines.embed import EmbeddingEngine
+from fairlane.policy import Priority
+
+_LOGGER = logging.getLogger(__name__)
+
+# --- documents ------------------------------------------------------------------------------------
+
+CHUNK_TOKENS, CHUNK_OVERLAP = 200, 40
+
+
+def _documents(request: web.Request) -> tuple[Services, DocumentStore]:
+    svc = services_of(request)
+    if svc.documents is None or svc.embedder is None:
+        raise ApiError(
+            400,
+            "documents need the embedding engine (embed.enabled: false)",
+            code="documents_disabled",
+        )
+    return svc, svc.documents
+
+
+async def add_document(request: web.Request) -> web.Response:
+    """Store a document durably, then answer; indexing runs in the background lane."""
+    svc, store = _documents(request)
+    if request.content_type.startswith("multipart/"):
+        fields, upload = await read_form(request)
+        if upload is None:
+            raise ApiError(400, "no `file` part in the multipart body", param="file")
+        data, filename, content_type = upload
+        content_type = fields.get("content_type") or content_type or "text/plain"
+        meta: dict[str, Any] = {
+            "title": fields.get("title") or filename,
+            "source": fields.get("source"),
+            "tags": [t for t in (fields.get("tags") or "").split(",") if t],
+        }
+    else:
+        body = validate(DOCUMENT_REQUEST, await json_body(request))
+        data, content_type = body["text"].encode(), body["content_type"]
+        meta = {
+            "title": body.get("title"),
+            "source": body.get("source"),
+            "tags": body.get("tags") or [],
+        }
+    embedder = svc.embedder
+    assert embedder is not None
+    try:
+        text = await asyncio.to_thread(extract_text, data, content_type)
+    except DocumentError as err:
+        raise ApiError(err.status, str(err), param="file", code="bad_document") from err
+    chunks = await asyncio.to_thread(_chunk, embedder, text)
+    title = meta["title"] or text.splitlines()[0][:80]
+    document_id, created = await asyncio.to_thread(
+        store.add, text, chunks, title, meta["source"], meta["tags"], content_type
+    )
+    svc.index_wakeup.set()
+    document = store.documents(document_id)[0]
+    return web.json_response({**document, "unchanged": not created}, status=202 if created else 200)
+
+
+def _chunk(embedder: EmbeddingEngine, text: str) -> list[tuple[str, list[int]]]:
+    """Token-aware overlapping chunks of `text`, each with the token ids it will embed."""
+    encoding = embedder.tokenizer_full.encode(text, add_special_tokens=False)
+    chunks = []
+    for start, end in chunk_tokens(encoding.ids, CHUNK_TOKENS, CHUNK_OVERLAP):
+        piece = text[encoding.offsets[start][0] : encoding.offsets[end - 1][1]]
+        chunks.append((piece, embedder.tokenize([piece])[0]))
+    return chunks
+
+
+DOCUMENT_REQUEST = vol.Schema(
+    {
+        vol.Required("text"): vol.All(str, vol.Length(min=1, msg="must not be empty")),
+        vol.Optional("content_type", default="text/plain"): str,
+        vol.Optional("title"): vol.Any(str, None),
+        vol.Optional("source"): vol.Any(str, None),
+        vol.Optional("tags"): vol.Any([str], None),
+    },
+    extra=vol.PREVENT_EXTRA,
+)
+SEARCH_REQUEST = vol.Schema(
+    {
+        vol.Required("query"): vol.All(str, vol.Length(min=1, msg="must not be empty")),
+        vol.Optional("top_k", default=5): vol.All(int, vol.Range(min=1, max=50)),
+    },
+    extra=vol.PREVENT_EXTRA,
+)
+
+
+async def list_documents(request: web.Request) -> web.Response:
+    _, store = _documents(request)
+    return web.json_response({"data": await asyncio.to_thread(store.documents)})
+
+
+async def get_document(request: web.Request) -> web.Response:
+    _, store = _documents(request)
+    found = await asyncio.to_thread(store.documents, request.match_info["id"])
+    if not found:
+        raise ApiError(404, f"no document {request.match_info['id']!r}", code="not_found")
+    return web.json_response(found[0])
+
+
+async def delete_document(request: web.Request) -> web.Response:
+    _, store = _documents(request)
+    if not await asyncio.to_thread(store.delete, request.match_info["id"]):
+        raise ApiError(404, f"no document {request.match_info['id']!r}", code="not_found")
+    return web.json_response({"id": request.match_info["id"], "deleted": True})
+
+
+async def search_documents(request: web.Request) -> web.Response:
+    """Query → the top-k chunks, embedded at `chat` class (someone is waiting for it)."""
+    svc, store = _documents(request)
+    body = validate(SEARCH_REQUEST, await json_body(request))
+    assert svc.embedder is not None
+    tokens = svc.embedder.tokenize([body["query"]])
+    priority = request_class(request, body, Priority.CHAT)
+    [vector] = await embed_all(svc, tokens, priority, "search")
+    hits = await asyncio.to_thread(store.search, vector, body["top_k"])
+    return web.json_response({"data": [hit.__dict__ for hit in hits]})
+
+
+async def jobs(request: web.Request) -> web.Response:
+    svc, store = _documents(request)
+    documents = await asyncio.to_thread(store.documents)
+    summaries = await asyncio.to_thread(store.summaries)
+    return web.json_response(
+        {
+            "indexing": progress(documents, svc.started_at),
+            "data": [
+                {
+                    "id": d["id"],
+                    "kind": "index",
+                    "status": d["status"],
+                    "chunks_done": d["chunks_done"],
+                    "chunks_total": d["chunks_total"],
+                }
+                for d in documents
+            ]
+            + [{"id": s["id"], "kind": "summary", "status": s["status"]} for s in summaries],
+        }
+    )
+
+
+async def job(request: web.Request) -> web.Response:
+    """One job: a document's indexing (with progress) or a summary (with its result)."""
+    svc, store = _documents(request)
+    job_id = request.match_info["id"]
+    found = await asyncio.to_thread(store.documents, job_id)
+    if found:
+        return web.json_response(
+            {
+                **progress(found, svc.started_at),
+                "id": job_id,
+                "kind": "index",
+                "status": found[0]["status"],
+            }
+        )
+    summary = await asyncio.to_thread(store.summaries, job_id)
+    if summary:
+        return web.json_response({**summary[0], "kind": "summary"})
+    raise ApiError(404, f"no job {job_id!r}", code="not_found")
+
+
+async def _index_forever(svc: Services) -> None:
+    """Embed chunks that have no vector yet, oldest documents first, until cancelled."""
+    assert svc.documents is not None and svc.embedder is not None
+    while True:
+        batch = await asyncio.to_thread(svc.documents.pending, 256)
+        if not batch:
+            svc.index_wakeup.clear()
+            await svc.index_wakeup.wait()
+            continue
+        try:
+            vectors = await embed_all(
+                svc, [tokens for _, _, tokens in batch], Priority.BACKGROUND, "documents"
+            )
+        except ApiError as err:  # refused (queue full): try again shortly
+            _LOGGER.warning("indexing paused: %s", err.message)
+            await asyncio.sleep(1.0)
+            continue
+        items = [
+            (chunk_id, vector) for (chunk_id, _, _), vector in zip(batch, vectors, strict=True)
+        ]
+        await asyncio.to_thread(svc.documents.store_vectors, items)
+
+
+# --- summaries --------------------------------------------------------------------------------
+
+SUMMARY_REQUEST = vol.Schema(
+    {
+        vol.Optional("document_id"): str,
+        vol.Optional("text"): vol.All(str, vol.Length(min=1, msg="must not be empty")),
+        vol.Optional("style", default="short"): vol.In(["short", "bullets"]),
+        vol.Optional("max_words", default=80): vol.All(int, vol.Range(min=10, max=400)),
+    },
+    extra=vol.PREVENT_EXTRA,
+)
+SUMMARY_PIECE_TOKENS = 1500
+
+
+async def add_summary(request: web.Request) -> web.Response:
+    """A summary job, durable before it is acknowledged; its result comes from the job."""
+    svc, store = _documents(request)
+    if svc.template is None:
+        raise ApiError(
+            400, f"this model cannot chat: {svc.template_error}", code="no_chat_template"
+        )
+    body = validate(SUMMARY_REQUEST, await json_body(request))
+    if ("text" in body) == ("document_id" in body):
+        raise ApiError(400, "give either `text` or `document_id`")
+    text: str | None = body.get("text")
+    if "document_id" in body:
+        text = await asyncio.to_thread(store.document_text, body["document_id"])
+    if text is None:
+        raise ApiError(404, f"no document {body['document_id']!r}", code="not_found")
+    summary_id = await asyncio.to_thread(
+        store.add_summary, text, body.get("document_id"), body["style"], body["max_words"]
+    )
+    svc.summary_wakeup.set()
+    return web.json_response({"id": summary_id, "status": "pending"}, status=202)
+
+
+async def get_summary(request: web.Request) -> web.Response:
+    _, store = _documents(request)
+    found = await asyncio.to_thread(store.summaries, request.match_info["id"])
+    if not found:
+        raise ApiError(404, f"no summary {request.match_info['id']!r}", code="not_found")
+    return web.json_response(found[0])
+
+
+async def summarize(svc: Services, text: str, style: str, max_words: int) -> str:
+    """Map-reduce: long text is summarised in pieces (batched together), then the pieces."""
+    tokens = await asyncio.to_thread(svc.engine.tokenize, text)
+    if len(tokens) > SUMMARY_PIECE_TOKENS:
+        pieces = max(2, -(-len(tokens) // SUMMARY_PIECE_TOKENS))
+        size = -(-len(text) // pieces)
+        parts = await asyncio.gather(
+            *(
+                _summary_turn(svc, text[i : i + size], "short", 80)
+                for i in range(0, len(text), size)
+            )
+        )
+        text = "\n".join(parts)
+    return await _summary_turn(svc, text, style, max_words)
+
+
+async def _summary_turn(svc: Services, text: str, style: str, max_words: int) -> str:
+    shape = "as a few bullet points" if style == "bullets" else "in plain sentences"
+    messages = [
+        {
+            "role": "system",
+            "content": "You summarise household documents accurately and "
+            "briefly. Keep dates, amounts and names.",
+        },
+        {
+            "role": "user",
+            "content": f"Summarise this in at most {max_words} words, {shape}:\n\n{text}",
+        },
+    ]
+    return await generate(svc, messages, max_words * 2, Priority.BACKGROUND, "summaries")
+
+
+async def _summarise_forever(svc: Services) -> None:
+    """Run pending summary jobs (after a restart too: a job is done only once it is stored)."""
+    assert svc.documents is not None
+    while True:
+        pending = await asyncio.to_thread(svc.documents.pending_summaries)
+        if not pending:
+            svc.summary_wakeup.clear()
+            await svc.summary_wakeup.wait()
+            continue
+        for job in pending:
+            try:
+                result = await summarize(svc, job["text"], job["style"], job["max_words"])
+                error = None
+            except (RuntimeError, ValueError) as err:
+                result, error = None, str(err)
+            await asyncio.to_thread(svc.documents.finish_summary, job["id"], result, error)
+
+
+async def start_workers(app: web.Application) -> None:
+    svc = app[SERVICES]
+    if svc.documents is not None and svc.embedder is not None:
+        app[INDEXER] = asyncio.create_task(_index_forever(svc))
+        if svc.template is not None:
+            app[SUMMARISER] = asyncio.create_task(_summarise_forever(svc))
+
+
+async def stop_workers(app: web.Application) -> None:
+    for key in (INDEXER, SUMMARISER):
+        if key in app:
+            app[key].cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await app[key]

@@ -1,0 +1,131 @@
+"""OpenAI embeddings: each text one item of the policy's micro-batches."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+from typing import Any
+
+import voluptuous as vol
+from aiohttp import web
+
+from fairlane.api.common import (
+    PRIORITY_NAMES,
+    ApiError,
+    Services,
+    json_body,
+    request_class,
+    resolve_future,
+    services_of,
+    validate,
+)
+from fairlane.policy import Kind, Priority, Request
+
+# --- embeddings ----------------------------------------------------------------------------------
+
+EMBED_REQUEST = vol.Schema(
+    {
+        vol.Required("input"): vol.Any(
+            str, [str], msg="input must be a string or a list of strings"
+        ),
+        vol.Optional("model"): str,
+        vol.Optional("encoding_format", default="float"): vol.In(["float", "base64"]),
+        vol.Optional("dimensions"): vol.Any(vol.All(int, vol.Range(min=1)), None),
+        vol.Optional("user"): vol.Any(str, None),
+        vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
+    },
+    extra=vol.ALLOW_EXTRA,
+)
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    """OpenAI's `POST /v1/embeddings`: each text is one micro-batch item (class `background`)."""
+    svc = services_of(request)
+    if svc.embedder is None:
+        raise ApiError(
+            400,
+            "embeddings are disabled on this server (embed.enabled: false)",
+            code="embed_disabled",
+        )
+    body = validate(EMBED_REQUEST, await json_body(request))
+    texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
+    if not texts:
+        raise ApiError(400, "input: must not be empty", param="input")
+    if len(texts) > svc.config.embed.max_inputs:
+        raise ApiError(
+            400, f"input: at most {svc.config.embed.max_inputs} texts a request", param="input"
+        )
+    if blank := [i for i, text in enumerate(texts) if not text.strip()]:
+        raise ApiError(400, f"input.{blank[0]}: empty text", param="input")
+    dims = body.get("dimensions")
+    if dims is not None and dims != svc.embedder.dimensions:
+        raise ApiError(
+            400,
+            f"dimensions: this model gives {svc.embedder.dimensions}-dimensional "
+            "vectors and cannot shorten them",
+            param="dimensions",
+        )
+    priority = request_class(request, body, Priority.BACKGROUND)
+    client = body.get("user") or "anonymous"
+    token_ids = await asyncio.to_thread(svc.embedder.tokenize, texts)
+    vectors = await embed_all(svc, token_ids, priority, client)
+    used = sum(len(ids) for ids in token_ids)
+    data = [
+        {
+            "object": "embedding",
+            "index": i,
+            "embedding": base64.b64encode(v.tobytes()).decode()
+            if body["encoding_format"] == "base64"
+            else v.tolist(),
+        }
+        for i, v in enumerate(vectors)
+    ]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": data,
+            "model": svc.embed_name,
+            "usage": {"prompt_tokens": used, "total_tokens": used},
+        }
+    )
+
+
+async def embed_all(
+    svc: Services, token_ids: list[list[int]], priority: Priority, client: str
+) -> list[Any]:
+    """Queue every text as one EMBED request; all or nothing."""
+    assert svc.embedder is not None
+    embedder = svc.embedder
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[Any]] = []
+    ids: list[str] = []
+    batch = uuid.uuid4().hex
+    try:
+        for index, tokens in enumerate(token_ids):
+            request_id = f"emb-{batch}-{index}"
+            future: asyncio.Future[Any] = loop.create_future()
+
+            def sink(event: Any, future: asyncio.Future[Any] = future) -> None:
+                loop.call_soon_threadsafe(resolve_future, future, event)
+
+            def register(request_id: str = request_id, tokens: list[int] = tokens) -> None:
+                embedder.add(request_id, tokens)
+
+            item = Request(request_id, Kind.EMBED, priority, client, 0.0, prompt_tokens=len(tokens))
+            admission = svc.device.submit(item, register, sink)
+            if not admission.accepted:
+                svc.telemetry.refuse(priority)
+                raise ApiError(
+                    429, f"request refused: {admission.reason}", kind="overloaded", code="refused"
+                )
+            futures.append(future)
+            ids.append(request_id)
+        events = await asyncio.gather(*futures)
+    except BaseException:
+        for request_id in ids:
+            svc.device.cancel(request_id)
+        raise
+    if any(not hasattr(e, "vector") for e in events):
+        raise ApiError(409, "the embedding request was cancelled", code="cancelled")
+    return [e.vector for e in events]

@@ -1,0 +1,87 @@
+"""OpenAI transcriptions: decode, queue as voice work, answer in the format asked for."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from fairlane.api.common import (
+    ApiError,
+    read_form,
+    request_class,
+    services_of,
+)
+from fairlane.engines.stt import AudioError, Utterance, decode_audio
+from fairlane.policy import Priority
+from fairlane.speech import Cancelled, Refused, transcribe
+
+# --- speech-to-text ----------------------------------------------------------------------------
+
+RAW_PCM_TYPES = ("audio/pcm", "audio/l16", "audio/x-raw", "audio/raw")
+RESPONSE_FORMATS = ("json", "text", "verbose_json")
+
+
+async def transcriptions(request: web.Request) -> web.StreamResponse:
+    """OpenAI's `POST /v1/audio/transcriptions` (multipart), scheduled as `voice` by default."""
+    svc = services_of(request)
+    if svc.speech is None:
+        raise ApiError(
+            400,
+            "speech-to-text is disabled on this server (stt.enabled: false)",
+            code="stt_disabled",
+        )
+    fields, upload = await read_form(request)
+    if upload is None:
+        raise ApiError(
+            400, "no `file` part: send the audio as multipart form field `file`", param="file"
+        )
+    data, filename, content_type = upload
+    response_format = fields.get("response_format") or "json"
+    if response_format not in RESPONSE_FORMATS:
+        raise ApiError(
+            400,
+            f"response_format must be one of {', '.join(RESPONSE_FORMATS)}",
+            param="response_format",
+        )
+    priority = request_class(request, fields, Priority.VOICE)
+    raw_rate = None
+    if content_type in RAW_PCM_TYPES or filename.endswith((".pcm", ".raw")):
+        try:
+            raw_rate = int(fields.get("sample_rate") or 16000)
+        except ValueError as err:
+            raise ApiError(
+                400, "sample_rate must be a whole number of Hz", param="sample_rate"
+            ) from err
+    try:
+        audio = await asyncio.to_thread(decode_audio, data, raw_rate)
+        utterance = Utterance(audio, fields.get("language") or None, fields.get("prompt") or None)
+        result = await transcribe(
+            svc.device,
+            svc.speech.engine,
+            svc.telemetry,
+            utterance,
+            priority,
+            fields.get("user") or "anonymous",
+        )
+    except AudioError as err:
+        raise ApiError(400, str(err), param="file", code="bad_audio") from err
+    except Refused as err:
+        raise ApiError(429, f"request refused: {err}", kind="overloaded", code="refused") from err
+    except Cancelled as err:
+        raise ApiError(409, str(err), code="cancelled") from err
+    if response_format == "text":
+        return web.Response(text=result.text + "\n")
+    if response_format == "json":
+        return web.json_response({"text": result.text})
+    return web.json_response(
+        {
+            "task": "transcribe",
+            "language": result.language,
+            "duration": round(result.duration_s, 3),
+            "text": result.text,
+            "segments": [
+                {"id": 0, "start": 0.0, "end": round(result.duration_s, 3), "text": result.text}
+            ],
+        }
+    )
