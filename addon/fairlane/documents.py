@@ -395,15 +395,6 @@ class DocumentStore:
             for r in rows
         ]
 
-    def chunk_counts(self) -> dict[str, int]:
-        with self._lock:
-            total, done, duplicates = self._db.execute(
-                "SELECT COUNT(*), COUNT(vector), "
-                "(SELECT COUNT(*) FROM (SELECT document_id, seq FROM chunks "
-                " GROUP BY document_id, seq HAVING COUNT(*) > 1)) FROM chunks"
-            ).fetchone()
-        return {"total": int(total), "done": int(done), "duplicates": int(duplicates)}
-
 
 def progress(
     documents: list[dict[str, Any]], started: float, clock: Callable[[], float] = time.time

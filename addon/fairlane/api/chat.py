@@ -106,7 +106,6 @@ class _Turn:
     id: str
     queue: asyncio.Queue[TokenEvent]
     prompt_tokens: int
-    buffer_tools: bool
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -145,7 +144,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         seed=body.get("seed"),
         stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
     )
-    turn = _Turn(f"chatcmpl-{uuid.uuid4().hex}", asyncio.Queue(), len(prompt), bool(tools))
+    turn = _Turn(f"chatcmpl-{uuid.uuid4().hex}", asyncio.Queue(), len(prompt))
     loop = asyncio.get_running_loop()
     client = body.get("user") or request.headers.get("X-Fairlane-Client") or "anonymous"
     policy_request = Request(

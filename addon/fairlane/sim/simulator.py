@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fairlane.metrics import RequestRecord
 from fairlane.policy import (
@@ -47,7 +47,6 @@ class SimResult:
     steps: list[Step]
     end_time: float
     drained: bool
-    decision_s: list[float] = field(default_factory=list)
 
 
 class Simulator:
