@@ -145,7 +145,7 @@ OPENAPI: dict[str, Any] = {
         },
         "/v1/stats": {
             "get": {
-                "summary": "Per-class TTFT/ITL/E2E percentiles, queues, KV, steps",
+                "summary": "Per-class TTFT/ITL/E2E percentiles, queues, KV, device use, steps",
                 "responses": {"200": {"description": "Stats"}, **_errors(401)},
             }
         },

@@ -58,7 +58,7 @@ from fairlane.engines.llm import (
 )
 from fairlane.engines.stt import SttConfig, WhisperEngine
 from fairlane.openapi import OPENAPI
-from fairlane.policy import CostModel, Kind, make_policy
+from fairlane.policy import CostModel, Kind, Priority, make_policy
 from fairlane.profiles import load as load_profile
 from fairlane.telemetry import Telemetry
 from fairlane.wyoming_server import SpeechService
@@ -161,6 +161,7 @@ async def stats(request: web.Request) -> web.Response:
     svc = services_of(request)
     body = svc.telemetry.stats(svc.device.snapshot())
     body["policy"] = svc.policy_name
+    body["device"] = _device_use(svc.device, body["window_s"])
     body["steps"] = _step_summary(svc.device)
     if svc.documents is not None:
         documents = await asyncio.to_thread(svc.documents.documents)
@@ -179,6 +180,27 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def openapi(request: web.Request) -> web.Response:
     return web.json_response(OPENAPI)
+
+
+def _device_use(device: DeviceLoop, window_s: float) -> dict[str, Any]:
+    """How busy the device was over the window, and each class's share of that busy time.
+
+    A step that carried several classes counts for each of them, so shares may sum past 1.
+    """
+    since = device.clock() - window_s
+    busy = 0.0
+    by_class = dict.fromkeys((p.label for p in Priority), 0.0)
+    for record in list(device.records):
+        seconds = record.end - max(record.start, since)
+        if seconds <= 0:
+            continue
+        busy += seconds
+        for label in {p.label for p in record.classes}:
+            by_class[label] += seconds
+    return {
+        "busy": round(min(busy / max(window_s, 1e-6), 1.0), 4),
+        "share": {label: round(s / busy, 4) if busy else 0.0 for label, s in by_class.items()},
+    }
 
 
 def _step_summary(device: DeviceLoop, last: int = 50) -> list[dict[str, Any]]:

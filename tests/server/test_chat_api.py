@@ -115,6 +115,7 @@ def test_models_health_stats_metrics_and_openapi(server: BackgroundServer) -> No
     assert status == 200 and set(stats["classes"]) == {"voice", "chat", "background"}
     assert stats["classes"]["chat"]["ttft_ms"]["p50"] is not None
     assert stats["steps"] and stats["steps"][-1]["kind"] == "llm"
+    assert 0 < stats["device"]["busy"] <= 1 and stats["device"]["share"]["chat"] > 0
     status, text = http(server, "GET", "/metrics")
     assert status == 200 and "fairlane_ttft_seconds_bucket" in text
     status, spec = http(server, "GET", "/openapi.json")
