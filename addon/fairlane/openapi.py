@@ -94,6 +94,11 @@ OPENAPI: dict[str, Any] = {
                     "user": {"type": "string", "description": "the fairness client"},
                     "tools": {"type": "array", "items": {"type": "object"}},
                     "tool_choice": {"oneOf": [{"type": "string"}, {"type": "object"}]},
+                    "response_format": {
+                        "type": "object",
+                        "description": "text, json_object, or json_schema with "
+                        "json_schema.schema: sampling is constrained to that JSON",
+                    },
                     "fairlane_class": _CLASS,
                 },
                 "required": ["messages"],

@@ -202,6 +202,26 @@ def test_cancel_endpoint_stops_a_running_completion(server) -> None:
     assert http(server, "POST", "/v1/chat/completions/nope/cancel")[0] == 404
 
 
+def test_json_schema_response_format_constrains_the_output(server: BackgroundServer) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"},
+                                               "population": {"type": "integer"}},
+              "required": ["city", "population"]}
+    messages = [{"role": "user", "content": "Which city is the capital of France? Describe it."}]
+    reply = client(server).chat.completions.create(
+        model="x", messages=messages, temperature=0, max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
+    data = json.loads(reply.choices[0].message.content)  # prose was asked for; JSON came back
+    assert set(data) == {"city", "population"} and isinstance(data["population"], int)
+    assert reply.choices[0].finish_reason == "stop"
+
+    any_json = client(server).chat.completions.create(
+        model="x", messages=QUESTION, temperature=0, max_tokens=40,
+        response_format={"type": "json_object"},
+    )
+    assert isinstance(json.loads(any_json.choices[0].message.content), dict)
+
+
 # --- bad input ---------------------------------------------------------------------------------
 
 
@@ -222,6 +242,9 @@ def test_cancel_endpoint_stops_a_running_completion(server) -> None:
         ({"messages": QUESTION, "stream": "yes"}, 400, "stream"),
         ({"messages": QUESTION, "fairlane_class": "urgent"}, 400, "fairlane_class"),
         ({"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "context holds"),
+        ({"messages": QUESTION, "response_format": {"type": "xml"}}, 400, "response_format"),
+        ({"messages": QUESTION, "response_format": {"type": "json_schema"}}, 400,
+         "response_format"),
     ],
 )
 def test_bad_input_gets_a_4xx_with_a_message(server, body, status, message) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import voluptuous as vol
 from aiohttp import web
+from llama_cpp import llama_grammar
 
 from fairlane.api.common import (
     PRIORITY_NAMES,
@@ -83,6 +84,16 @@ CHAT_REQUEST = vol.Schema(
         ),
         vol.Optional("tool_choice"): vol.Any(str, dict, None),
         vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
+        vol.Optional("response_format"): vol.Any(
+            {vol.Required("type"): vol.In(["text", "json_object"])},
+            {
+                vol.Required("type"): "json_schema",
+                vol.Required("json_schema"): vol.Schema(
+                    {vol.Required("schema"): dict}, extra=vol.ALLOW_EXTRA
+                ),
+            },
+            None,
+        ),
     },
     extra=vol.ALLOW_EXTRA,  # other OpenAI fields (penalties, logprobs…) are accepted and ignored
 )
@@ -97,6 +108,21 @@ async def cancel_completion(request: web.Request) -> web.Response:
 
 
 # --- chat completions --------------------------------------------------------------------------
+
+
+def _output_grammar(response_format: dict[str, Any] | None) -> str | None:
+    """JSON mode: the GBNF grammar that constrains sampling to the asked-for JSON."""
+    if not response_format or response_format["type"] == "text":
+        return None
+    if response_format["type"] == "json_object":
+        return llama_grammar.JSON_GBNF
+    schema = response_format["json_schema"]["schema"]
+    try:
+        return llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+    except (ValueError, KeyError, TypeError, RecursionError) as err:
+        raise ApiError(
+            400, f"unsupported JSON schema: {err}", param="response_format.json_schema"
+        ) from err
 
 
 @dataclass
@@ -143,6 +169,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         top_k=body.get("top_k") or 0,
         seed=body.get("seed"),
         stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+        grammar=_output_grammar(body.get("response_format")),
     )
     turn = _Turn(f"chatcmpl-{uuid.uuid4().hex}", asyncio.Queue(), len(prompt))
     loop = asyncio.get_running_loop()

@@ -33,6 +33,7 @@ class SamplingParams:
     top_k: int = 0  # 0: off
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    grammar: str | None = None  # GBNF the output must match (JSON mode), rule `root`
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,13 @@ class LlamaEngine:
 
     def _sampler(self, params: SamplingParams) -> Any:
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        if params.grammar is not None:
+            # First in the chain: tokens the grammar forbids never reach the other samplers.
+            grammar = lc.llama_sampler_init_grammar(self.vocab, params.grammar.encode(), b"root")
+            if not grammar:
+                lc.llama_sampler_free(chain)
+                raise ValueError("the output grammar does not parse")
+            lc.llama_sampler_chain_add(chain, grammar)
         if params.temperature <= 0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
             return chain
