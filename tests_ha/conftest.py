@@ -3,61 +3,114 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
+import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from homeassistant.const import CONF_HOST, CONF_LLM_HASS_API, CONF_PORT, CONF_TOKEN
+from homeassistant.core import HomeAssistant
+from homeassistant.helpers import llm
+from homeassistant.setup import async_setup_component
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+from custom_components.fairlane.const import DOMAIN
 
 ROOT = Path(__file__).resolve().parents[1]
 FAIRLANE = ROOT / ".venv" / "bin" / "fairlane"
+SPEECH = ROOT / "tests" / "fixtures" / "speech"
+TOKEN = "household-secret"
 
 
+# Sockets are used from child processes here: the plugin blocks this process's sockets
+# outside the tests that ask for them, and this fixture lives for the whole session.
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    code = "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True).stdout)
+
+
+def _answers(url: str) -> bool:
+    probe = f"import urllib.request; urllib.request.urlopen({url!r}, timeout=2)"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 
 
 @dataclass(frozen=True)
 class RunningServer:
-    url: str
+    host: str
+    port: int
     wyoming_port: int
+    token: str
+    data_dir: Path
 
 
-@pytest.fixture
-def fairlane_server(
-    socket_enabled: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningServer]:
-    # The plugin blocks sockets unless `socket_enabled` is in use, and then only to 127.0.0.1.
+@pytest.fixture(scope="session")
+def _server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server for the whole run: loading the three default models takes a while."""
     port, wyoming = _free_port(), _free_port()
-    config = tmp_path_factory.mktemp("fairlane") / "fairlane.yaml"
+    data_dir = tmp_path_factory.mktemp("fairlane")
+    config = data_dir / "fairlane.yaml"
     config.write_text(
-        f"server: {{host: 127.0.0.1, port: {port}, data_dir: {config.parent}}}\n"
+        f"server: {{host: 127.0.0.1, port: {port}, data_dir: {data_dir}}}\n"
         f"wyoming: {{port: {wyoming}}}\n"
-        "llm: {n_ctx: 2048}\n"
-        "embed: {enabled: false}\n"
+        "llm: {n_ctx: 8192}\n"
     )
-    log = tmp_path_factory.mktemp("logs") / "fairlane.log"
+    log = data_dir / "fairlane.log"
+    env = {**os.environ, "FAIRLANE_TOKEN": TOKEN}
     with log.open("w") as out:
-        process = subprocess.Popen([str(FAIRLANE), "serve", "--config", str(config)],
-                                   stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+        process = subprocess.Popen(
+            [str(FAIRLANE), "serve", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError as err:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    message = f"fairlane did not start: {log.read_text()[-2000:]}"
-                    raise RuntimeError(message) from err
-                time.sleep(0.2)
-        yield RunningServer(f"http://127.0.0.1:{port}", wyoming)
+        deadline = time.monotonic() + 300
+        while not _answers(f"http://127.0.0.1:{port}/health"):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"fairlane did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield RunningServer("127.0.0.1", port, wyoming, TOKEN, data_dir)
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture
+def fairlane_server(_server_process: RunningServer, socket_enabled: None) -> RunningServer:
+    """The running server, with sockets to 127.0.0.1 allowed for this test."""
+    return _server_process
+
+
+@pytest.fixture(autouse=True)
+def _custom_integrations(enable_custom_integrations: None) -> None:
+    """Let Home Assistant load `custom_components/fairlane`."""
+
+
+@pytest.fixture
+def entry_data(fairlane_server: RunningServer) -> dict[str, object]:
+    return {
+        CONF_HOST: fairlane_server.host,
+        CONF_PORT: fairlane_server.port,
+        CONF_TOKEN: fairlane_server.token,
+    }
+
+
+@pytest.fixture
+async def entry(hass: HomeAssistant, entry_data: dict[str, object]) -> MockConfigEntry:
+    """A loaded Fairlane entry with Assist's tools on, as a new entry has them."""
+    # The core `homeassistant` component first: conversation needs its exposed-entities store.
+    assert await async_setup_component(hass, "homeassistant", {})
+    entry = MockConfigEntry(
+        domain=DOMAIN,
+        data=entry_data,
+        options={CONF_LLM_HASS_API: [llm.LLM_API_ASSIST]},
+        title="Fairlane",
+    )
+    entry.add_to_hass(hass)
+    assert await hass.config_entries.async_setup(entry.entry_id)
+    await hass.async_block_till_done()
+    return entry

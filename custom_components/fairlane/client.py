@@ -1,0 +1,193 @@
+"""An async client for the Fairlane server's HTTP API; HTTP errors are mapped here, once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from .const import MODEL_TIMEOUT, REQUEST_TIMEOUT
+
+
+class FairlaneError(Exception):
+    """The server could not do what was asked."""
+
+
+class FairlaneConnectionError(FairlaneError):
+    """The server is unreachable, timed out or answered with a server error."""
+
+
+class FairlaneAuthError(FairlaneError):
+    """The server refused the token."""
+
+
+class FairlaneRequestError(FairlaneError):
+    """The server refused the request (4xx); the message is the server's own."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What `/health` says about the server."""
+
+    version: str
+    policy: str
+    llm_model: str
+    stt_model: str | None
+    wyoming_port: int | None
+
+    @classmethod
+    def from_health(cls, body: Mapping[str, Any]) -> ServerInfo:
+        models = body.get("models") or {}
+        return cls(
+            version=str(body.get("version", "0")),
+            policy=str(body.get("policy", "")),
+            llm_model=str(models.get("llm") or ""),
+            stt_model=models.get("stt"),
+            wyoming_port=body.get("wyoming_port"),
+        )
+
+
+class FairlaneClient:
+    """One Fairlane server: host, port and bearer token over Home Assistant's shared session."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, host: str, port: int, token: str | None
+    ) -> None:
+        self._session = session
+        self.base = URL.build(scheme="http", host=host, port=port)
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    # --- server state ---------------------------------------------------------------------
+
+    async def health(self) -> ServerInfo:
+        """`/health` needs no token: it proves the server is there."""
+        return ServerInfo.from_health(await self._json("GET", "/health"))
+
+    async def stats(self) -> dict[str, Any]:
+        """`/v1/stats`: per-class latencies, queues, device use; needs the token."""
+        return await self._json("GET", "/v1/stats")
+
+    # --- model work -----------------------------------------------------------------------
+
+    async def chat_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Stream a chat completion: yields each OpenAI `chat.completion.chunk` object.
+
+        The server sends server-sent events:
+            data: {"choices": [{"index": 0, "delta": {"content": "Pa"}, ...}], ...}
+            data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], ...}
+            data: [DONE]
+        """
+        timeout = aiohttp.ClientTimeout(total=MODEL_TIMEOUT, sock_read=MODEL_TIMEOUT)
+        try:
+            async with self._session.post(
+                self.base / "v1/chat/completions",
+                json={**body, "stream": True},
+                headers=self._headers,
+                timeout=timeout,
+            ) as response:
+                await _raise_for_status(response)
+                async for raw in response.content:
+                    line = raw.decode().strip()
+                    if not line.startswith("data:"):
+                        continue
+                    data = line.removeprefix("data:").strip()
+                    if data == "[DONE]":
+                        return
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise FairlaneError(chunk["error"].get("message", "stream failed"))
+                    yield chunk
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise FairlaneConnectionError(f"chat stream failed: {err}") from err
+
+    async def transcribe(
+        self,
+        audio: bytes,
+        *,
+        language: str | None,
+        sample_rate: int = 16000,
+        fairlane_class: str = "voice",
+        user: str | None = None,
+    ) -> str:
+        """Transcribe a WAV file (starts with RIFF) or raw 16-bit mono PCM at `sample_rate`."""
+        form = aiohttp.FormData()
+        if audio.startswith(b"RIFF"):
+            form.add_field("file", audio, filename="audio.wav", content_type="audio/wav")
+        else:
+            form.add_field("file", audio, filename="audio.pcm", content_type="audio/pcm")
+            form.add_field("sample_rate", str(sample_rate))
+        if language:
+            form.add_field("language", language)
+        if user:
+            form.add_field("user", user)
+        form.add_field("fairlane_class", fairlane_class)
+        body = await self._json(
+            "POST", "/v1/audio/transcriptions", data=form, timeout=MODEL_TIMEOUT
+        )
+        return str(body["text"])
+
+    # --- documents and summaries ----------------------------------------------------------
+
+    async def add_document(
+        self, data: bytes, filename: str, content_type: str, source: str | None = None
+    ) -> dict[str, Any]:
+        """Upload one file; the server stores it before answering and indexes it later."""
+        form = aiohttp.FormData()
+        form.add_field("file", data, filename=filename, content_type=content_type)
+        form.add_field("content_type", content_type)
+        if source:
+            form.add_field("source", source)
+        return await self._json("POST", "/v1/documents", data=form, timeout=MODEL_TIMEOUT)
+
+    async def search(self, query: str, top_k: int, fairlane_class: str) -> list[dict[str, Any]]:
+        body = {"query": query, "top_k": top_k, "fairlane_class": fairlane_class}
+        answer = await self._json("POST", "/v1/documents/search", json=body, timeout=MODEL_TIMEOUT)
+        return list(answer["data"])
+
+    async def add_summary(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._json("POST", "/v1/summaries", json=body)
+
+    async def summary(self, summary_id: str) -> dict[str, Any]:
+        return await self._json("GET", f"/v1/summaries/{summary_id}")
+
+    # --- the one place HTTP turns into exceptions ------------------------------------------
+
+    async def _json(
+        self, method: str, path: str, *, timeout: float = REQUEST_TIMEOUT, **kwargs: Any
+    ) -> dict[str, Any]:
+        try:
+            async with self._session.request(
+                method,
+                self.base.join(URL(path)),
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+                **kwargs,
+            ) as response:
+                await _raise_for_status(response)
+                result: dict[str, Any] = await response.json()
+                return result
+        except (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError) as err:
+            raise FairlaneConnectionError(f"{method} {path} failed: {err}") from err
+
+
+async def _raise_for_status(response: aiohttp.ClientResponse) -> None:
+    if response.status < 400:
+        return
+    try:
+        message = (await response.json())["error"]["message"]
+    except (aiohttp.ContentTypeError, json.JSONDecodeError, KeyError, TypeError):
+        message = (await response.text())[:200] or response.reason or "error"
+    if response.status in (401, 403):
+        raise FairlaneAuthError(message)
+    if response.status >= 500:
+        raise FairlaneConnectionError(f"server error {response.status}: {message}")
+    raise FairlaneRequestError(response.status, message)

@@ -1,0 +1,53 @@
+"""Constants for the Fairlane integration."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Final
+
+DOMAIN: Final = "fairlane"
+
+DEFAULT_PORT: Final = 8844
+DEFAULT_NAME: Final = "Fairlane"
+# The server API this integration speaks: a server whose major version differs is refused.
+SUPPORTED_MAJOR: Final = 0
+SCAN_INTERVAL: Final = timedelta(seconds=10)
+REQUEST_TIMEOUT: Final = 10  # seconds, for everything but model work
+MODEL_TIMEOUT: Final = 300  # seconds, for a chat turn, a transcription or a search
+
+# Options of the conversation agent and the AI task entity.
+CONF_PROMPT: Final = "prompt"
+CONF_MAX_HISTORY: Final = "max_history"
+CONF_CHAT_CLASS: Final = "chat_class"
+CONF_AI_TASK_CLASS: Final = "ai_task_class"
+CONF_MAX_TOKENS: Final = "max_tokens"
+
+DEFAULT_MAX_HISTORY: Final = 10
+DEFAULT_MAX_TOKENS: Final = 512
+# "auto": voice when the turn comes from a voice device (satellite), chat when typed;
+# for AI tasks: background when an automation or script asked, chat when a person did.
+CLASS_AUTO: Final = "auto"
+CLASSES: Final = ("voice", "chat", "background")
+
+# How many model → tool → model rounds one turn may take.
+MAX_TOOL_ITERATIONS: Final = 5
+
+# Files the index_documents action sends (the server extracts text from each).
+DOCUMENT_TYPES: Final = {
+    ".txt": "text/plain",
+    ".md": "text/markdown",
+    ".markdown": "text/markdown",
+    ".html": "text/html",
+    ".htm": "text/html",
+    ".pdf": "application/pdf",
+}
+
+EVENT_SUMMARY_DONE: Final = f"{DOMAIN}_summary_done"
+
+# Whisper's languages (the multilingual models); an English-only model reports just "en".
+WHISPER_LANGUAGES: Final = (
+    "af am ar as az ba be bg bn bo br bs ca cs cy da de el en es et eu fa fi fo fr gl gu ha "
+    "haw he hi hr ht hu hy id is it ja jw ka kk km kn ko la lb ln lo lt lv mg mi mk ml mn mr "
+    "ms mt my ne nl nn no oc pa pl ps pt ro ru sa sd si sk sl sn so sq sr su sv sw ta te tg th "
+    "tk tl tr tt uk ur uz vi yi yo yue zh"
+).split()
