@@ -86,8 +86,10 @@ def fairlane_server(_server_process: RunningServer, socket_enabled: None) -> Run
 
 
 @pytest.fixture(autouse=True)
-def _custom_integrations(enable_custom_integrations: None) -> None:
-    """Let Home Assistant load `custom_components/fairlane`."""
+async def _home_assistant(hass: HomeAssistant, enable_custom_integrations: None) -> None:
+    """Load `custom_components/fairlane`; the core `homeassistant` component first, as
+    conversation (a dependency) needs its exposed-entities store."""
+    assert await async_setup_component(hass, "homeassistant", {})
 
 
 @pytest.fixture
@@ -102,8 +104,6 @@ def entry_data(fairlane_server: RunningServer) -> dict[str, object]:
 @pytest.fixture
 async def entry(hass: HomeAssistant, entry_data: dict[str, object]) -> MockConfigEntry:
     """A loaded Fairlane entry with Assist's tools on, as a new entry has them."""
-    # The core `homeassistant` component first: conversation needs its exposed-entities store.
-    assert await async_setup_component(hass, "homeassistant", {})
     entry = MockConfigEntry(
         domain=DOMAIN,
         data=entry_data,

@@ -9,7 +9,6 @@ from pathlib import Path
 from homeassistant.components import stt
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers import entity_registry as er
-from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "speech" / "command-00.wav"
@@ -25,8 +24,6 @@ async def _audio() -> AsyncIterator[bytes]:
 async def test_home_assistant_wyoming_sets_up_and_transcribes(
     hass: HomeAssistant, fairlane_server, socket_enabled
 ) -> None:
-    # The core `homeassistant` component first: conversation (a wyoming dependency) needs it.
-    assert await async_setup_component(hass, "homeassistant", {})
     entry = MockConfigEntry(
         domain="wyoming",
         data={"host": "127.0.0.1", "port": fairlane_server.wyoming_port},
