@@ -11,7 +11,7 @@ TORCH_CPU ?= 2.13.0
 export OMP_NUM_THREADS ?= 1
 export FAIRLANE_LLAMA_SERVER ?= .bench/llama-server/bin/llama-server
 
-.PHONY: install run test lint typecheck unit unit-ha simulate bench clean
+.PHONY: install run test lint typecheck typecheck-ha unit unit-ha simulate bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,20 +32,26 @@ $(HA_STAMP): tests_ha/requirements.txt
 run: install
 	$(BIN)/fairlane serve $(ARGS)
 
-test: lint typecheck unit unit-ha
+test: lint typecheck typecheck-ha unit unit-ha
 
 lint: install
-	$(BIN)/ruff check addon tests tests_ha
+	$(BIN)/ruff check addon tests custom_components tests_ha
 
 typecheck: install
 	$(BIN)/mypy
 
+# The integration, strictly, against Home Assistant's own types.
+typecheck-ha: $(HA_STAMP)
+	$(VENV_HA)/bin/mypy --config-file tests_ha/mypy.ini
+
 unit: install
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-# Home Assistant's own integrations against a real Fairlane server (started from .venv).
+# The integration, and Home Assistant's own Wyoming integration, against a real Fairlane
+# server (started from .venv); with the integration's test coverage.
 unit-ha: install $(HA_STAMP)
-	$(VENV_HA)/bin/pytest -c tests_ha/pytest.ini tests_ha -q
+	$(VENV_HA)/bin/pytest -c tests_ha/pytest.ini tests_ha -q \
+		--cov=custom_components/fairlane --cov-report=term-missing:skip-covered
 
 simulate: install
 	$(BIN)/fairlane simulate --profile rtx4090 --json reports/simulate-rtx4090.json --plot reports/simulate-rtx4090.png

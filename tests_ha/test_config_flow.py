@@ -12,7 +12,6 @@ from homeassistant.helpers.service_info.hassio import HassioServiceInfo
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.fairlane.const import CONF_CHAT_CLASS, CONF_MAX_HISTORY, DOMAIN
-
 from tests_ha.conftest import RunningServer
 
 

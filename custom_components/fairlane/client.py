@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -148,6 +147,10 @@ class FairlaneClient:
             form.add_field("source", source)
         return await self._json("POST", "/v1/documents", data=form, timeout=MODEL_TIMEOUT)
 
+    async def documents(self) -> list[dict[str, Any]]:
+        """Every stored document with its indexing status."""
+        return list((await self._json("GET", "/v1/documents"))["data"])
+
     async def search(self, query: str, top_k: int, fairlane_class: str) -> list[dict[str, Any]]:
         body = {"query": query, "top_k": top_k, "fairlane_class": fairlane_class}
         answer = await self._json("POST", "/v1/documents/search", json=body, timeout=MODEL_TIMEOUT)
@@ -175,7 +178,7 @@ class FairlaneClient:
                 await _raise_for_status(response)
                 result: dict[str, Any] = await response.json()
                 return result
-        except (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError) as err:
+        except (aiohttp.ClientError, TimeoutError) as err:
             raise FairlaneConnectionError(f"{method} {path} failed: {err}") from err
 
 

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import voluptuous as vol
-
 from homeassistant.config_entries import (
     ConfigEntry,
     ConfigFlow,
@@ -42,10 +41,12 @@ from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
     CONF_PROMPT,
+    CONF_TEMPERATURE,
     DEFAULT_MAX_HISTORY,
     DEFAULT_MAX_TOKENS,
     DEFAULT_NAME,
     DEFAULT_PORT,
+    DEFAULT_TEMPERATURE,
     DOMAIN,
 )
 
@@ -81,9 +82,8 @@ class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
 
     async def _validate(self, data: Mapping[str, Any]) -> tuple[ServerInfo | None, dict[str, str]]:
         """`/health` proves the server is there; `/v1/stats` proves the token."""
-        client = FairlaneClient(
-            async_get_clientsession(self.hass), data[CONF_HOST], data[CONF_PORT], data.get(CONF_TOKEN)
-        )
+        session = async_get_clientsession(self.hass)
+        client = FairlaneClient(session, data[CONF_HOST], data[CONF_PORT], data.get(CONF_TOKEN))
         try:
             info = await client.health()
             await client.stats()
@@ -206,6 +206,9 @@ class FairlaneOptionsFlow(OptionsFlowWithReload):
                 ),
                 vol.Optional(CONF_MAX_TOKENS, default=DEFAULT_MAX_TOKENS): NumberSelector(
                     NumberSelectorConfig(min=16, max=4096, mode=NumberSelectorMode.BOX)
+                ),
+                vol.Optional(CONF_TEMPERATURE, default=DEFAULT_TEMPERATURE): NumberSelector(
+                    NumberSelectorConfig(min=0, max=2, step=0.05, mode=NumberSelectorMode.BOX)
                 ),
                 vol.Optional(CONF_CHAT_CLASS, default=CLASS_AUTO): SelectSelector(
                     SelectSelectorConfig(

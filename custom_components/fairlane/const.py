@@ -21,9 +21,13 @@ CONF_MAX_HISTORY: Final = "max_history"
 CONF_CHAT_CLASS: Final = "chat_class"
 CONF_AI_TASK_CLASS: Final = "ai_task_class"
 CONF_MAX_TOKENS: Final = "max_tokens"
+CONF_TEMPERATURE: Final = "temperature"
 
 DEFAULT_MAX_HISTORY: Final = 10
 DEFAULT_MAX_TOKENS: Final = 512
+# Low: a household assistant should do the same thing when asked the same thing, and small
+# models call tools far more reliably near greedy decoding.
+DEFAULT_TEMPERATURE: Final = 0.0
 # "auto": voice when the turn comes from a voice device (satellite), chat when typed;
 # for AI tasks: background when an automation or script asked, chat when a person did.
 CLASS_AUTO: Final = "auto"
@@ -46,8 +50,11 @@ EVENT_SUMMARY_DONE: Final = f"{DOMAIN}_summary_done"
 
 # Whisper's languages (the multilingual models); an English-only model reports just "en".
 WHISPER_LANGUAGES: Final = (
-    "af am ar as az ba be bg bn bo br bs ca cs cy da de el en es et eu fa fi fo fr gl gu ha "
-    "haw he hi hr ht hu hy id is it ja jw ka kk km kn ko la lb ln lo lt lv mg mi mk ml mn mr "
-    "ms mt my ne nl nn no oc pa pl ps pt ro ru sa sd si sk sl sn so sq sr su sv sw ta te tg th "
-    "tk tl tr tt uk ur uz vi yi yo yue zh"
-).split()
+    "af", "am", "ar", "as", "az", "ba", "be", "bg", "bn", "bo", "br", "bs", "ca", "cs", "cy", "da",
+    "de", "el", "en", "es", "et", "eu", "fa", "fi", "fo", "fr", "gl", "gu", "ha", "haw", "he",
+    "hi", "hr", "ht", "hu", "hy", "id", "is", "it", "ja", "jw", "ka", "kk", "km", "kn", "ko", "la",
+    "lb", "ln", "lo", "lt", "lv", "mg", "mi", "mk", "ml", "mn", "mr", "ms", "mt", "my", "ne", "nl",
+    "nn", "no", "oc", "pa", "pl", "ps", "pt", "ro", "ru", "sa", "sd", "si", "sk", "sl", "sn", "so",
+    "sq", "sr", "su", "sv", "sw", "ta", "te", "tg", "th", "tk", "tl", "tr", "tt", "uk", "ur", "uz",
+    "vi", "yi", "yo", "yue", "zh",
+)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from homeassistant.components import conversation
+from homeassistant.components.conversation.models import AbstractConversationAgent
 from homeassistant.const import CONF_LLM_HASS_API, MATCH_ALL
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
@@ -25,7 +26,7 @@ async def async_setup_entry(
 
 
 class FairlaneConversationEntity(
-    conversation.ConversationEntity, conversation.AbstractConversationAgent, FairlaneLLMEntity
+    conversation.ConversationEntity, AbstractConversationAgent, FairlaneLLMEntity
 ):
     """Fairlane as an Assist conversation agent."""
 

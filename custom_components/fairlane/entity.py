@@ -8,28 +8,31 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import voluptuous as vol
-from voluptuous_openapi import convert
-
 from homeassistant.components import conversation
+from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers import llm
 from homeassistant.helpers.entity import Entity
 from homeassistant.helpers.json import json_dumps
 from homeassistant.helpers.update_coordinator import CoordinatorEntity
+from voluptuous_openapi import convert
 
 from . import FairlaneConfigEntry
 from .client import FairlaneError, FairlaneRequestError
 from .const import (
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
+    CONF_TEMPERATURE,
     DEFAULT_MAX_HISTORY,
     DEFAULT_MAX_TOKENS,
     DEFAULT_NAME,
+    DEFAULT_TEMPERATURE,
     DOMAIN,
     MAX_TOOL_ITERATIONS,
 )
 from .coordinator import FairlaneCoordinator
+from .tool_args import repair_args
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -88,6 +91,7 @@ class FairlaneLLMEntity(Entity):
         body: dict[str, Any] = {
             "model": self.entry.runtime_data.info.llm_model,
             "max_tokens": int(options.get(CONF_MAX_TOKENS, DEFAULT_MAX_TOKENS)),
+            "temperature": float(options.get(CONF_TEMPERATURE, DEFAULT_TEMPERATURE)),
             "fairlane_class": fairlane_class,
             "user": user or "home-assistant",
         }
@@ -111,7 +115,7 @@ class FairlaneLLMEntity(Entity):
             stream = self.entry.runtime_data.client.chat_stream(request)
             try:
                 async for _content in chat_log.async_add_delta_content_stream(
-                    self.entity_id, _deltas(stream)
+                    self.entity_id, _deltas(self.hass, stream)
                 ):
                     pass
             except FairlaneRequestError as err:
@@ -177,7 +181,7 @@ def _trim_history(messages: list[dict[str, Any]], max_turns: int) -> list[dict[s
 
 
 async def _deltas(
-    chunks: AsyncIterator[dict[str, Any]],
+    hass: HomeAssistant, chunks: AsyncIterator[dict[str, Any]]
 ) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
     """OpenAI stream chunks → the chat log's deltas.
 
@@ -199,19 +203,17 @@ async def _deltas(
                 call["name"] = function.get("name") or call["name"]
                 call["args"] += function.get("arguments") or ""
     if calls:
-        yield {"tool_calls": [_tool_input(call) for _, call in sorted(calls.items())]}
+        yield {"tool_calls": [_tool_input(hass, call) for _, call in sorted(calls.items())]}
 
 
-def _tool_input(call: dict[str, str]) -> llm.ToolInput:
-    """A complete tool call; empty arguments are dropped (small models send `"area": ""`)."""
+def _tool_input(hass: HomeAssistant, call: dict[str, str]) -> llm.ToolInput:
+    """A complete tool call, its arguments repaired (see `tool_args`)."""
     try:
         args = json.loads(call["args"] or "{}")
     except json.JSONDecodeError:
         _LOGGER.warning("Tool call %s with arguments that are not JSON: %s", call["name"], call)
         args = {}
-    if not isinstance(args, dict):
-        args = {}
-    args = {k: v for k, v in args.items() if v not in (None, "", [])}
+    args = repair_args(hass, args) if isinstance(args, dict) else {}
     if call["id"]:
         return llm.ToolInput(tool_name=call["name"], tool_args=args, id=call["id"])
     return llm.ToolInput(tool_name=call["name"], tool_args=args)

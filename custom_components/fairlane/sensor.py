@@ -72,6 +72,7 @@ def _lane_sensors(name: str) -> tuple[FairlaneSensorDescription, ...]:
             native_unit_of_measurement="tokens/s",
             suggested_display_precision=1,
             entity_category=EntityCategory.DIAGNOSTIC,
+            entity_registry_enabled_default=False,
             value=lambda stats: lane(stats)["output_tokens_per_s"],
         ),
     )
@@ -86,7 +87,7 @@ def _progress(stats: Stats) -> float | None:
     total = indexing.get("chunks_total")
     if not total:
         return None  # nothing was ever given to index
-    return round(100 * indexing["chunks_done"] / total, 1)
+    return round(100 * float(indexing["chunks_done"]) / float(total), 1)
 
 
 def _backlog(stats: Stats) -> int | None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import voluptuous as vol
-
 from homeassistant.config_entries import ConfigEntryState
 from homeassistant.core import HomeAssistant, ServiceCall, ServiceResponse, SupportsResponse
 from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
 from homeassistant.helpers import config_validation as cv
+from homeassistant.util.json import JsonValueType
 
 from .client import FairlaneClient, FairlaneError, FairlaneRequestError
 from .const import CLASSES, DOCUMENT_TYPES, DOMAIN, EVENT_SUMMARY_DONE
@@ -125,7 +125,9 @@ async def _index_documents(call: ServiceCall) -> ServiceResponse:
             translation_key="path_not_found",
             translation_placeholders={"path": path},
         ) from err
-    added, unchanged, refused = [], 0, []
+    added: list[JsonValueType] = []
+    refused: list[JsonValueType] = []
+    unchanged = 0
     for file in files:
         content_type = DOCUMENT_TYPES.get(file.suffix.lower(), "text/plain")
         data = await hass.async_add_executor_job(file.read_bytes)
@@ -151,7 +153,7 @@ async def _search_documents(call: ServiceCall) -> ServiceResponse:
         hits = await client.search(call.data["query"], call.data["top_k"], call.data["class"])
     except FairlaneError as err:
         raise _error(err) from err
-    return {"results": hits}
+    return {"results": cast(list[JsonValueType], hits)}
 
 
 async def _summarize(call: ServiceCall) -> ServiceResponse:

@@ -94,7 +94,8 @@ def test_documents_are_indexed_and_the_right_one_is_found(server: BackgroundServ
 
     assert http(server, "DELETE", f"/v1/documents/{ids['wifi']}")[0] == 200
     status, body = http(server, "POST", "/v1/documents/search",
-                        {"query": "What is the guest wifi password?", "top_k": 10})
+                        {"query": "What is the guest wifi password?", "top_k": 10,
+                         "fairlane_class": "voice"})
     assert all(hit["document_id"] != ids["wifi"] for hit in body["data"])
     assert http(server, "GET", f"/v1/documents/{ids['wifi']}")[0] == 404
 
@@ -151,6 +152,7 @@ def test_pdf_and_html_uploads_are_read_as_text(server) -> None:
         (b"%PDF-1.4 this is not really a pdf", "application/pdf", 400, "PDF cannot be read"),
         ({"query": ""}, "search", 400, "must not be empty"),
         ({"query": "x", "top_k": 500}, "search", 400, "top_k"),
+        ({"query": "x", "fairlane_class": "urgent"}, "search", 400, "fairlane_class"),
     ],
 )
 def test_bad_documents_get_a_4xx_and_leave_the_index_consistent(server, body, content_type,

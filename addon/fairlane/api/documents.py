@@ -13,6 +13,7 @@ from aiohttp import web
 from fairlane.api.chat import generate
 from fairlane.api.common import (
     INDEXER,
+    PRIORITY_NAMES,
     SERVICES,
     SUMMARISER,
     ApiError,
@@ -108,6 +109,7 @@ SEARCH_REQUEST = vol.Schema(
     {
         vol.Required("query"): vol.All(str, vol.Length(min=1, msg="must not be empty")),
         vol.Optional("top_k", default=5): vol.All(int, vol.Range(min=1, max=50)),
+        vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
     },
     extra=vol.PREVENT_EXTRA,
 )

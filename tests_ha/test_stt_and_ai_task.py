@@ -1,0 +1,125 @@
+"""Speech-to-text through the entity and HA's HTTP API; AI tasks with and without structure."""
+
+from __future__ import annotations
+
+import json
+import wave
+from collections.abc import AsyncIterator
+from http import HTTPStatus
+
+import voluptuous as vol
+from homeassistant.components import ai_task, conversation, stt
+from homeassistant.core import Context, HomeAssistant
+from homeassistant.helpers import selector
+from homeassistant.helpers.script import script_stack_cv
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+from pytest_homeassistant_custom_component.typing import ClientSessionGenerator
+
+from custom_components.fairlane.ai_task import task_class
+from custom_components.fairlane.const import CLASS_AUTO
+from custom_components.fairlane.conversation import turn_class
+from tests_ha.conftest import SPEECH
+
+STT_ENTITY = "stt.fairlane_speech_to_text"
+AI_TASK_ENTITY = "ai_task.fairlane_ai_task"
+COMMANDS: dict[str, str] = json.loads((SPEECH / "commands.json").read_text())
+
+
+def _pcm(name: str) -> bytes:
+    with wave.open(str(SPEECH / name)) as wav:
+        return wav.readframes(wav.getnframes())
+
+
+async def _chunks(data: bytes) -> AsyncIterator[bytes]:
+    for offset in range(0, len(data), 2048):  # as the voice pipeline streams it
+        yield data[offset : offset + 2048]
+
+
+async def test_the_stt_entity_transcribes_the_pipelines_audio(
+    hass: HomeAssistant, entry: MockConfigEntry
+) -> None:
+    engine = stt.async_get_speech_to_text_engine(hass, STT_ENTITY)
+    assert engine is not None and "en" in engine.supported_languages
+    metadata = stt.SpeechMetadata(
+        language="en-US",
+        format=stt.AudioFormats.WAV,
+        codec=stt.AudioCodecs.PCM,
+        bit_rate=stt.AudioBitRates.BITRATE_16,
+        sample_rate=stt.AudioSampleRates.SAMPLERATE_16000,
+        channel=stt.AudioChannels.CHANNEL_MONO,
+    )
+    result = await engine.async_process_audio_stream(metadata, _chunks(_pcm("command-00.wav")))
+    assert result.result is stt.SpeechResultState.SUCCESS
+    assert "kitchen" in (result.text or "").lower()
+
+
+async def test_home_assistants_stt_http_api_reaches_the_server(
+    hass: HomeAssistant, entry: MockConfigEntry, hass_client: ClientSessionGenerator
+) -> None:
+    client = await hass_client()
+    response = await client.post(
+        f"/api/stt/{STT_ENTITY}",
+        headers={
+            "X-Speech-Content": "format=wav; codec=pcm; sample_rate=16000; bit_rate=16; "
+            "channel=1; language=en"
+        },
+        data=(SPEECH / "command-01.wav").read_bytes(),  # a whole WAV file, header and all
+    )
+    assert response.status == HTTPStatus.OK
+    body = await response.json()
+    assert body["result"] == "success"
+    expected = set(COMMANDS["command-01.wav"].split())
+    heard = set(body["text"].lower().replace(".", "").replace(",", "").split())
+    assert len(expected & heard) >= len(expected) - 1
+
+
+async def test_ai_task_generates_text(hass: HomeAssistant, entry: MockConfigEntry) -> None:
+    result = await ai_task.async_generate_data(
+        hass,
+        task_name="greeting",
+        entity_id=AI_TASK_ENTITY,
+        instructions="Write one short sentence welcoming guests to a house party.",
+    )
+    assert isinstance(result.data, str) and len(result.data.split()) >= 3
+
+
+async def test_ai_task_honours_the_structure(hass: HomeAssistant, entry: MockConfigEntry) -> None:
+    structure = vol.Schema(
+        {
+            vol.Required("item"): selector.TextSelector(),
+            vol.Required("quantity"): selector.NumberSelector(
+                selector.NumberSelectorConfig(min=0, max=100, step=1)
+            ),
+        }
+    )
+    result = await ai_task.async_generate_data(
+        hass,
+        task_name="shopping",
+        entity_id=AI_TASK_ENTITY,
+        instructions="We need six eggs from the shop. Give the item and the quantity.",
+        structure=structure,
+    )
+    assert set(result.data) == {"item", "quantity"}
+    assert isinstance(result.data["item"], str) and isinstance(result.data["quantity"], int | float)
+
+
+def test_lanes_follow_who_is_waiting() -> None:
+    spoken = conversation.ConversationInput(
+        text="lights on", context=Context(), conversation_id=None, device_id="satellite-1",
+        satellite_id="assist_satellite.kitchen", language="en", agent_id="x",
+    )
+    typed = conversation.ConversationInput(
+        text="lights on", context=Context(user_id="u1"), conversation_id=None, device_id=None,
+        satellite_id=None, language="en", agent_id="x",
+    )
+    assert turn_class(spoken, CLASS_AUTO) == "voice"
+    assert turn_class(typed, CLASS_AUTO) == "chat"
+    assert turn_class(spoken, "background") == "background"
+
+    assert task_class(CLASS_AUTO) == "chat"
+    token = script_stack_cv.set(["automation.morning_brief"])  # as HA runs an automation
+    try:
+        assert task_class(CLASS_AUTO) == "background"
+        assert task_class("chat") == "chat"
+    finally:
+        script_stack_cv.reset(token)
