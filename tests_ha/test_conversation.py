@@ -14,8 +14,6 @@ from homeassistant.helpers import entity_registry as er
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from custom_components.fairlane.const import DOMAIN
-
 AGENT = "conversation.fairlane"
 
 
@@ -86,4 +84,24 @@ async def test_turn_on_the_kitchen_light_through_assist_tools(
     )
     assert result.response.response_type is intent.IntentResponseType.ACTION_DONE
     assert hass.states.get("light.kitchen_light").state == "on"
-    assert DOMAIN  # the turn went through this integration's agent
+
+
+
+async def test_a_spoken_turn_goes_in_the_voice_lane(
+    hass: HomeAssistant, entry: MockConfigEntry
+) -> None:
+    client = entry.runtime_data.client
+
+    async def requests() -> tuple[int, int]:
+        classes = (await client.stats())["classes"]
+        return int(classes["voice"]["requests"]), int(classes["chat"]["requests"])
+
+    voice, chat = await requests()
+    # A satellite's turn (the voice pipeline passes its device): someone is standing there.
+    result = await conversation.async_converse(
+        hass, "Say hi.", None, Context(), agent_id=AGENT, device_id="kitchen-satellite"
+    )
+    assert result.response.response_type is intent.IntentResponseType.ACTION_DONE
+    # Every model call of the turn (a tool round is one more) ran as voice, none as chat.
+    voice_after, chat_after = await requests()
+    assert voice_after > voice and chat_after == chat
