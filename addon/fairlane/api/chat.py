@@ -118,7 +118,7 @@ def _output_grammar(response_format: dict[str, Any] | None) -> str | None:
         return llama_grammar.JSON_GBNF
     schema = response_format["json_schema"]["schema"]
     try:
-        return llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+        return str(llama_grammar.json_schema_to_gbnf(json.dumps(schema)))
     except (ValueError, KeyError, TypeError, RecursionError) as err:
         raise ApiError(
             400, f"unsupported JSON schema: {err}", param="response_format.json_schema"
