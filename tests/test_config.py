@@ -43,3 +43,29 @@ def test_bad_config_names_the_key(tmp_path, text: str, message: str) -> None:
 def test_missing_file_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(config.ConfigError, match="cannot read config"):
         config.load(tmp_path / "nope.yaml")
+
+
+def test_overrides_set_single_keys_over_the_file(tmp_path) -> None:
+    path = tmp_path / "fairlane.yaml"
+    path.write_text("llm: {threads: 2, n_ctx: 4096}\n")
+    cfg = config.load(path, ["llm.threads=6", "policy.slo.voice.ttft_ms=300", "stt.vad=true",
+                             "embed.enabled=false", "server.token="])
+    assert cfg.llm.threads == 6 and cfg.llm.n_ctx == 4096  # the file's other keys stay
+    assert cfg.policy.slo[Priority.VOICE].ttft_ms == 300
+    assert cfg.stt.vad is True and cfg.embed.enabled is False
+    assert cfg.server.token is None  # an empty value keeps the default
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("llm.threads", "SECTION.KEY=VALUE"),
+        ("threads=4", "SECTION.KEY=VALUE"),
+        ("llm.treads=4", "llm.treads: extra keys not allowed"),
+        ("llm.threads=many", "llm.threads"),
+        ("llm.threads.x=1", "llm.threads"),
+    ],
+)
+def test_bad_overrides_name_the_key(override: str, message: str) -> None:
+    with pytest.raises(config.ConfigError, match=message):
+        config.load(None, [override])

@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.add_argument("--token", help="bearer token (or FAIRLANE_TOKEN)")
     serve.add_argument("--policy", choices=["fairlane", "fcfs"])
+    serve.add_argument(
+        "--set",
+        action="append",
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting of the config file, e.g. --set llm.gpu_layers=99 (repeatable)",
+    )
     serve.set_defaults(func=_serve)
 
     sim = sub.add_parser("simulate", help="run the real policy on a simulated device")

@@ -6,6 +6,8 @@ Every key has a default; the README's table lists them. Errors name the key and 
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -269,19 +271,47 @@ def parse(data: dict[str, Any] | None) -> Config:
     )
 
 
-def load(path: str | Path | None) -> Config:
-    """Read and validate a YAML configuration file; no file means every default."""
-    if path is None:
-        return parse({})
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config {path} is not valid YAML: {err}") from err
-    if data is not None and not isinstance(data, dict):
-        raise ConfigError(f"config {path} must be a mapping of sections")
-    return parse(data)
+def load(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
+    """Read and validate a YAML configuration file (none: every default), then `overrides`."""
+    data: Any = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except OSError as err:
+            raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config {path} is not valid YAML: {err}") from err
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(f"config {path} must be a mapping of sections")
+    return parse(apply_overrides(data or {}, overrides))
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """`section.key=value` settings (the add-on's options, `--set`) on top of a config mapping.
+
+    The value is read as YAML, so `8`, `true`, `[a, b]` and `null` mean what they say; an
+    empty value leaves the setting at its default.
+    """
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        path = [part for part in key.strip().split(".") if part]
+        if not sep or len(path) < 2:
+            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. llm.threads=4")
+        if not text.strip():
+            continue
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML") from err
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
 
 
 def _describe(err: vol.MultipleInvalid) -> str:

@@ -315,7 +315,7 @@ def serve(args: argparse.Namespace) -> int:
     """`fairlane serve`: flags override the config file; the token may come from FAIRLANE_TOKEN."""
     log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=logging.INFO, format=log_format)
-    cfg = config_mod.load(args.config)
+    cfg = config_mod.load(args.config, args.set or ())
     server = cfg.server
     server = replace(
         server,
