@@ -83,6 +83,9 @@ SERVER_SCHEMA = vol.Schema(
         vol.Optional("max_body_mb", default=32): _positive(0.001),
         # Where the document index (SQLite) lives.
         vol.Optional("data_dir", default="~/.local/share/fairlane"): str,
+        # Addresses that may read the dashboard's figures (GET /v1/stats) without the token:
+        # the add-on lists Supervisor's ingress proxy, which has already checked the user.
+        vol.Optional("stats_readers", default=[]): [str],
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -160,6 +163,7 @@ class ServerConfig:
     cpu_slo_scale: float = 8.0
     max_body_mb: float = 32
     data_dir: str = "~/.local/share/fairlane"
+    stats_readers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -261,7 +265,9 @@ def parse(data: dict[str, Any] | None) -> Config:
     except vol.MultipleInvalid as err:
         raise ConfigError(_describe(err)) from err
     return Config(
-        server=ServerConfig(**valid["server"]),
+        server=ServerConfig(
+            **{**valid["server"], "stats_readers": tuple(valid["server"]["stats_readers"])}
+        ),
         policy=policy_config(valid["policy"]),
         policy_name=valid["policy"]["name"],
         llm=LlmConfig(**valid["llm"]),

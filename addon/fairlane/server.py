@@ -82,11 +82,18 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         raise
 
 
-def auth_middleware(token: str | None) -> Any:
+# Open to everyone: liveness, and the dashboard page (it holds no data; it reads /v1/stats).
+PUBLIC_PATHS = frozenset({"/health", "/", "/dashboard"})
+
+
+def auth_middleware(token: str | None, stats_readers: tuple[str, ...] = ()) -> Any:
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if token is None or request.path == "/health":
+        if token is None or (request.method == "GET" and request.path in PUBLIC_PATHS):
             return await handler(request)
+        if request.method == "GET" and request.path == "/v1/stats":
+            if request.remote in stats_readers:
+                return await handler(request)
         supplied = request.headers.get("Authorization", "")
         scheme, _, value = supplied.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip(), token):
@@ -105,10 +112,15 @@ def create_app(services: Services) -> web.Application:
     max_bytes = int(services.config.server.max_body_mb * 1024 * 1024)
     app = web.Application(
         client_max_size=max_bytes,
-        middlewares=[error_middleware, auth_middleware(services.config.server.token)],
+        middlewares=[
+            error_middleware,
+            auth_middleware(services.config.server.token, services.config.server.stats_readers),
+        ],
     )
     app[SERVICES] = services
     app.router.add_get("/health", health)
+    app.router.add_get("/", dashboard)
+    app.router.add_get("/dashboard", dashboard)
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/chat/completions/{id}/cancel", cancel_completion)
@@ -147,6 +159,14 @@ async def health(request: web.Request) -> web.Response:
             "wyoming_port": svc.wyoming_port,
         }
     )
+
+
+DASHBOARD = Path(__file__).with_name("web") / "dashboard.html"
+
+
+async def dashboard(request: web.Request) -> web.FileResponse:
+    """The live lane dashboard (also the add-on's ingress panel); it polls /v1/stats."""
+    return web.FileResponse(DASHBOARD, headers={"Cache-Control": "no-cache"})
 
 
 async def list_models(request: web.Request) -> web.Response:
