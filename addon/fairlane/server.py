@@ -91,9 +91,9 @@ def auth_middleware(token: str | None, stats_readers: tuple[str, ...] = ()) -> A
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if token is None or (request.method == "GET" and request.path in PUBLIC_PATHS):
             return await handler(request)
-        if request.method == "GET" and request.path == "/v1/stats":
-            if request.remote in stats_readers:
-                return await handler(request)
+        reading_stats = request.method == "GET" and request.path == "/v1/stats"
+        if reading_stats and request.remote in stats_readers:
+            return await handler(request)
         supplied = request.headers.get("Authorization", "")
         scheme, _, value = supplied.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip(), token):
