@@ -10,8 +10,10 @@ HA_STAMP := $(VENV_HA)/.installed
 TORCH_CPU ?= 2.13.0
 export OMP_NUM_THREADS ?= 1
 export FAIRLANE_LLAMA_SERVER ?= .bench/llama-server/bin/llama-server
+# Root installs system packages itself; anyone else through sudo.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install run test lint typecheck typecheck-ha unit unit-ha simulate bench clean
+.PHONY: install run test lint typecheck typecheck-ha unit unit-ha chromium simulate bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,8 +46,13 @@ typecheck: install
 typecheck-ha: $(HA_STAMP)
 	$(VENV_HA)/bin/mypy --config-file tests_ha/mypy.ini
 
-unit: install
+unit: install chromium
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# The dashboard's test runs in headless Chromium: Debian's package, not a browser download.
+chromium:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -q && \
+		$(SUDO) apt-get install -y -q --no-install-recommends chromium; }
 
 # The integration, and Home Assistant's own Wyoming integration, against a real Fairlane
 # server (started from .venv); with the integration's test coverage.

@@ -69,3 +69,10 @@ def test_overrides_set_single_keys_over_the_file(tmp_path) -> None:
 def test_bad_overrides_name_the_key(override: str, message: str) -> None:
     with pytest.raises(config.ConfigError, match=message):
         config.load(None, [override])
+
+
+def test_token_file_is_made_once_and_kept(tmp_path) -> None:
+    path = tmp_path / "data" / "token"
+    first = config.token_from_file(path)
+    assert len(first) >= 32 and path.stat().st_mode & 0o777 == 0o600
+    assert config.token_from_file(path) == first  # a restart keeps it

@@ -7,6 +7,7 @@ Every key has a default; the README's table lists them. Errors name the key and 
 from __future__ import annotations
 
 import copy
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -86,6 +87,9 @@ SERVER_SCHEMA = vol.Schema(
         # Addresses that may read the dashboard's figures (GET /v1/stats) without the token:
         # the add-on lists Supervisor's ingress proxy, which has already checked the user.
         vol.Optional("stats_readers", default=[]): [str],
+        # With no token set: read it from this file, or make one there on first start (the
+        # add-on keeps it in /data and hands it to Home Assistant through discovery).
+        vol.Optional("token_file", default=None): vol.Any(None, str),
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -164,6 +168,7 @@ class ServerConfig:
     max_body_mb: float = 32
     data_dir: str = "~/.local/share/fairlane"
     stats_readers: tuple[str, ...] = ()
+    token_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -290,6 +295,18 @@ def load(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
         if data is not None and not isinstance(data, dict):
             raise ConfigError(f"config {path} must be a mapping of sections")
     return parse(apply_overrides(data or {}, overrides))
+
+
+def token_from_file(path: str | Path) -> str:
+    """The token stored in `path`; a new random one is written there (mode 0600) if none."""
+    file = Path(path).expanduser()
+    if file.is_file() and (stored := file.read_text().strip()):
+        return stored
+    token = secrets.token_urlsafe(32)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.touch(mode=0o600)
+    file.write_text(token + "\n")
+    return token
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -343,6 +343,8 @@ def serve(args: argparse.Namespace) -> int:
         port=args.port if args.port is not None else server.port,
         token=args.token or os.environ.get("FAIRLANE_TOKEN") or server.token,
     )
+    if server.token is None and server.token_file:
+        server = replace(server, token=config_mod.token_from_file(server.token_file))
     cfg = replace(cfg, server=server, policy_name=args.policy or cfg.policy_name)
     services = build_services(cfg)
     if cfg.server.token is None and cfg.server.host not in ("127.0.0.1", "localhost", "::1"):
