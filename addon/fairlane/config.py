@@ -104,6 +104,9 @@ LLM_SCHEMA = vol.Schema(
         vol.Optional("threads", default=0): _count(0),  # 0: one per core this process owns
         vol.Optional("gpu_layers", default=0): vol.All(vol.Coerce(int), vol.Range(min=-1)),
         vol.Optional("max_tokens", default=512): _count(1),  # when a request names none
+        # KV cells kept for finished sequences, reused by prompts that start the same way;
+        # taken from n_ctx. None: a quarter of n_ctx; 0: no prefix cache.
+        vol.Optional("prefix_cache_tokens", default=None): vol.Any(None, _count(0)),
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -180,6 +183,14 @@ class LlmConfig:
     threads: int = 0
     gpu_layers: int = 0
     max_tokens: int = 512
+    prefix_cache_tokens: int | None = None
+
+    @property
+    def prefix_cache(self) -> int:
+        """Tokens of KV kept for the prefix cache (a quarter of the context unless set)."""
+        if self.prefix_cache_tokens is None:
+            return self.n_ctx // 4
+        return min(self.prefix_cache_tokens, self.n_ctx // 2)
 
 
 @dataclass(frozen=True)
@@ -230,7 +241,7 @@ class Config:
         """The policy as the server runs it: budgets fitted to the engine, SLOs to the device."""
         policy = replace(
             self.policy,
-            kv_blocks=self.llm.n_ctx // self.policy.block_size,
+            kv_blocks=(self.llm.n_ctx - self.llm.prefix_cache) // self.policy.block_size,
             max_num_seqs=min(self.policy.max_num_seqs, self.llm.n_seq_max),
             max_batch_tokens=min(self.policy.max_batch_tokens, self.llm.n_ctx),
         )

@@ -90,14 +90,18 @@ class DeviceLoop:
 
     # --- called from the HTTP side -----------------------------------------------------------
 
-    def submit(self, request: Request, register: Callable[[], None], sink: Sink) -> Admission:
+    def submit(
+        self, request: Request, register: Callable[[], int | None], sink: Sink
+    ) -> Admission:
         """Admit a request (or refuse it with a reason); its events go to `sink` from the loop.
 
         `register` hands the request's data to its engine first (it raises for data the engine
-        cannot take), so the policy never admits a request its engine does not know.
+        cannot take), so the policy never admits a request its engine does not know. It may
+        return how many prompt tokens the engine already holds (a cached prefix): the policy
+        then plans the prefill from there.
         """
         with self._wake:
-            register()
+            request.computed_tokens = register() or 0
             request.arrival = self.clock()
             admission = self.policy.add(request, request.arrival)
             if admission.accepted:

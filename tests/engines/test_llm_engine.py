@@ -90,3 +90,79 @@ def test_prompt_longer_than_the_context_is_an_error(engine: LlamaEngine) -> None
 
     with pytest.raises(EngineError, match="exceeds the context"):
         engine.add("big", list(range(10, 3000)), GREEDY)
+
+
+# --- the prefix cache ----------------------------------------------------------------------
+
+HOUSE = ("You are the voice assistant of a house with a kitchen, a living room, two bedrooms "
+         "and a garden. The kitchen light, the hallway lamp and the garden sprinkler can be "
+         "switched. Answer briefly. ")
+SHORT = SamplingParams(max_tokens=4, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def cached_engine() -> Iterator[LlamaEngine]:
+    engine = LlamaEngine(EngineConfig(models.resolve_llm("gemma-3-270m"), n_ctx=2048,
+                                      n_seq_max=4, n_batch=256, prefix_cache_tokens=256))
+    yield engine
+    engine.close()
+
+
+def _complete(engine: LlamaEngine, rid: str, text: str) -> tuple[int, int, list[int]]:
+    """Run one request to its end as the device loop would; (reused, prefilled, output)."""
+    prompt = engine.tokenize(text, add_special=True)
+    reused = engine.add(rid, prompt, SHORT)
+    engine.execute(LlmPlan(
+        (Chunk(rid, reused, len(prompt) - reused, True, False, Priority.VOICE),), (), 0.0, 0))
+    while engine.sequences[rid].finish_reason is None:
+        seq = engine.sequences[rid]
+        engine.execute(LlmPlan(
+            (Chunk(rid, len(seq.tokens) - 1, 1, True, True, Priority.VOICE),), (), 0.0, 0))
+    out = engine.sequences[rid].tokens[len(prompt):]
+    engine.release(rid)
+    return reused, len(prompt) - reused, out
+
+
+def test_a_prompt_that_starts_like_a_finished_one_reuses_its_cells(
+    engine: LlamaEngine, cached_engine: LlamaEngine
+) -> None:
+    first = HOUSE + "Turn on the kitchen light."
+    second = HOUSE + "Is the garden sprinkler on?"
+    reused, prefilled, _ = _complete(cached_engine, "first", first)
+    assert reused == 0  # nothing cached yet
+    shared = len(engine.tokenize(HOUSE, add_special=True)) - 1
+    reused, prefilled, out = _complete(cached_engine, "second", second)
+    assert reused >= shared  # the whole shared preamble
+    assert prefilled == len(engine.tokenize(second, add_special=True)) - reused
+    # The same greedy answer as an engine without a cache computed it from the first token.
+    _, _, plain = _complete(engine, "plain", second)
+    assert out == plain
+
+
+def test_the_cache_keeps_to_its_budget_and_never_evicts_what_is_about_to_be_used(
+    cached_engine: LlamaEngine,
+) -> None:
+    for i in range(4):
+        _complete(cached_engine, f"fill-{i}", f"Note {i}: " + HOUSE * 2)
+        assert sum(len(e.tokens) for e in cached_engine.cache) <= 256
+        assert len(cached_engine.cache) <= 2
+    # Admitted to start from an entry: that entry stays while other sequences finish.
+    prompt = cached_engine.tokenize("Note 3: " + HOUSE * 2 + "And?", add_special=True)
+    reused = cached_engine.add("pinned", prompt, SHORT)
+    entry = cached_engine.sequences["pinned"].reuse
+    assert reused > 0 and entry is not None
+    for i in range(3):
+        _complete(cached_engine, f"other-{i}", f"Other {i}: " + HOUSE * 2)
+    assert entry in cached_engine.cache
+    cached_engine.release("pinned")  # never ran: nothing new cached, the pin is gone
+    assert entry.pins == 0
+
+
+def test_a_cancelled_sequence_is_not_cached(cached_engine: LlamaEngine) -> None:
+    before = [e.tokens for e in cached_engine.cache]
+    prompt = cached_engine.tokenize("Cancelled: " + HOUSE, add_special=True)
+    cached_engine.add("gone", prompt, SHORT)
+    cached_engine.execute(LlmPlan((Chunk("gone", 0, len(prompt), True, False, Priority.CHAT),),
+                                  (), 0.0, 0))
+    cached_engine.release("gone")  # cancelled mid-answer: its finish reason is unset
+    assert [e.tokens for e in cached_engine.cache] == before

@@ -270,3 +270,18 @@ def test_unknown_route_and_class_header(server) -> None:
                          {"messages": QUESTION, "max_tokens": 2},
                          headers={"X-Fairlane-Class": "loud"})
     assert status == 400 and "unknown class" in reply["error"]["message"]
+
+
+def test_a_shared_system_prompt_is_prefilled_once(server: BackgroundServer) -> None:
+    system = {"role": "system", "content": "You are the assistant of a family home. " * 20}
+    prefilled: list[int] = []
+    for question in ("Is the oven on?", "Is the back door locked?"):
+        reply = client(server).chat.completions.create(
+            model="x", messages=[system, {"role": "user", "content": question}],
+            temperature=0, max_tokens=4,
+        )
+        ours = [r for r in server.services.device.records if reply.id in r.request_ids]
+        prefilled.append(sum(r.prefill_tokens for r in ours))
+        prompt = reply.usage.prompt_tokens
+    # The second turn computes only what follows the shared system prompt (~200 tokens).
+    assert prefilled[0] >= prompt - 10 and prefilled[1] < 40

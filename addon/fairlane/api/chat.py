@@ -150,7 +150,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except ChatTemplateError as err:
         raise ApiError(400, str(err), param="messages") from err
     prompt = await asyncio.to_thread(svc.engine.tokenize, prompt_text)
-    limit = svc.engine.n_ctx
+    limit = svc.engine.capacity
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     max_tokens = max_tokens or svc.config.llm.max_tokens
     if len(prompt) + 1 > limit:
@@ -336,7 +336,7 @@ async def generate(
     """One LLM turn through the device loop, collected (summaries, and other server jobs)."""
     assert svc.template is not None
     prompt = await asyncio.to_thread(svc.engine.tokenize, svc.template.render(messages))
-    if len(prompt) + max_tokens > svc.engine.n_ctx:
+    if len(prompt) + max_tokens > svc.engine.capacity:
         raise ValueError(f"{len(prompt)} prompt tokens do not fit the context")
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[TokenEvent] = asyncio.Queue()

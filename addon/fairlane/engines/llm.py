@@ -60,10 +60,23 @@ class Sequence:
     )
     held: str = ""  # text not yet sent: it might be the start of a stop string
     finish_reason: str | None = None
+    # A cached prefix this sequence starts from, copied in when its first chunk runs.
+    reuse: CachedPrefix | None = None
+    reuse_tokens: int = 0
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+
+@dataclass
+class CachedPrefix:
+    """The KV cells of a finished sequence's tokens, kept under a sequence id of their own."""
+
+    seq_id: int
+    tokens: list[int]
+    used_at: float
+    pins: int = 0  # sequences admitted to start from it whose first chunk has not run yet
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,15 @@ class EngineConfig:
     n_batch: int = 2048
     n_threads: int = 0  # 0: the cores this process may use
     n_gpu_layers: int = 0  # 0: CPU only; -1 or a large number: everything on the GPU
+    # Cells kept for finished sequences' tokens, reused by a later prompt that starts the same
+    # way (Home Assistant's system prompt and tools, the second call of a tool turn). They are
+    # outside the policy's KV budget, which is n_ctx minus these. 0: no prefix cache.
+    prefix_cache_tokens: int = 0
+    prefix_cache_slots: int = 2
+
+
+# A shorter common prefix is not worth a cache lookup's bookkeeping.
+MIN_PREFIX_REUSE = 16
 
 
 def default_threads() -> int:
@@ -106,7 +128,8 @@ class LlamaEngine:
         # many); llama.cpp computes it in micro-batches of n_batch.
         params.n_batch = config.n_ctx
         params.n_ubatch = config.n_batch
-        params.n_seq_max = config.n_seq_max
+        cache_slots = config.prefix_cache_slots if config.prefix_cache_tokens > 0 else 0
+        params.n_seq_max = config.n_seq_max + cache_slots
         params.n_threads = threads
         params.n_threads_batch = threads
         # One KV pool shared by every sequence: the policy accounts KV as one budget of blocks.
@@ -120,6 +143,8 @@ class LlamaEngine:
         self.batch = lc.llama_batch_init(config.n_ctx, 0, 1)
         self.n_ctx = lc.llama_n_ctx(self.ctx)
         self.free_ids = list(range(config.n_seq_max - 1, -1, -1))
+        self.cache_ids = list(range(config.n_seq_max + cache_slots - 1, config.n_seq_max - 1, -1))
+        self.cache: list[CachedPrefix] = []
         self.sequences: dict[str, Sequence] = {}
         self.threads = threads
 
@@ -162,21 +187,41 @@ class LlamaEngine:
 
     # --- sequences ---------------------------------------------------------------------------
 
-    def add(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
-        """Register a sequence; it gets a llama.cpp sequence id when its first chunk runs."""
+    @property
+    def capacity(self) -> int:
+        """Tokens the running sequences may hold together: the context less the prefix cache."""
+        return int(self.n_ctx) - self.config.prefix_cache_tokens
+
+    def add(self, request_id: str, prompt: list[int], params: SamplingParams) -> int:
+        """Register a sequence; it gets a llama.cpp sequence id when its first chunk runs.
+
+        Returns how many of its prompt tokens are already in the prefix cache: its prefill
+        starts there.
+        """
         if not prompt:
             raise EngineError("empty prompt")
-        if len(prompt) + 1 > self.n_ctx:
-            raise EngineError(f"prompt of {len(prompt)} tokens exceeds the context ({self.n_ctx})")
-        self.sequences[request_id] = Sequence(
-            request_id, list(prompt), len(prompt), params, self._sampler(params)
-        )
+        if len(prompt) + 1 > self.capacity:
+            raise EngineError(
+                f"prompt of {len(prompt)} tokens exceeds the context ({self.capacity})"
+            )
+        seq = Sequence(request_id, list(prompt), len(prompt), params, self._sampler(params))
+        entry, reused = self._longest_prefix(prompt)
+        if entry is not None:
+            entry.pins += 1
+            entry.used_at = time.monotonic()
+            seq.reuse, seq.reuse_tokens = entry, reused
+        self.sequences[request_id] = seq
+        return seq.reuse_tokens
 
     def release(self, request_id: str) -> None:
-        """Forget a finished or cancelled sequence: its KV cells go, its id is reused."""
+        """Forget a finished or cancelled sequence: its id is reused, and its cells go or, if
+        it finished, are kept in the prefix cache."""
         seq = self.sequences.pop(request_id, None)
         if seq is None:
             return
+        self._unpin(seq)
+        if seq.finish_reason is not None and seq.seq_id is not None:
+            self._keep_prefix(seq)
         self._drop_kv(seq)
         lc.llama_sampler_free(seq.sampler)
 
@@ -185,6 +230,62 @@ class LlamaEngine:
             lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
             self.free_ids.append(seq.seq_id)
             seq.seq_id = None
+
+    # --- the prefix cache --------------------------------------------------------------------
+
+    def _longest_prefix(self, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
+        """The cached prefix sharing the most leading tokens with `prompt`, and how many.
+
+        The prompt's last token is always computed: its logits give the first output.
+        """
+        best: tuple[CachedPrefix | None, int] = (None, 0)
+        for entry in self.cache:
+            shared = min(_common_prefix(entry.tokens, prompt), len(prompt) - 1)
+            if shared >= MIN_PREFIX_REUSE and shared > best[1]:
+                best = (entry, shared)
+        return best
+
+    def _start_from_cache(self, seq: Sequence) -> None:
+        """Share the cached prefix's cells with the sequence (no copy of the data in unified
+        KV: the cells get the sequence's id too)."""
+        entry = seq.reuse
+        assert entry is not None and seq.seq_id is not None
+        lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
+        lc.llama_memory_seq_cp(self.memory, entry.seq_id, seq.seq_id, 0, seq.reuse_tokens)
+        self._unpin(seq)
+
+    def _unpin(self, seq: Sequence) -> None:
+        if seq.reuse is not None:
+            seq.reuse.pins -= 1
+            seq.reuse = None
+
+    def _keep_prefix(self, seq: Sequence) -> None:
+        """Keep the cells of a finished sequence's tokens (every token but the last sampled,
+        which was never fed) for a later prompt that starts the same way."""
+        budget = self.config.prefix_cache_tokens
+        tokens = seq.tokens[: min(len(seq.tokens) - 1, budget)]
+        if len(tokens) < MIN_PREFIX_REUSE:
+            return
+        # An entry this one extends is superseded; then the least recently used go first.
+        for entry in [e for e in self.cache if _common_prefix(e.tokens, tokens) == len(e.tokens)]:
+            if entry.pins == 0:
+                self._evict(entry)
+        for entry in sorted(self.cache, key=lambda e: e.used_at):
+            if self.cache_ids and sum(len(e.tokens) for e in self.cache) + len(tokens) <= budget:
+                break
+            if entry.pins == 0:
+                self._evict(entry)
+        if not self.cache_ids or sum(len(e.tokens) for e in self.cache) + len(tokens) > budget:
+            return  # every entry is about to be used: keep them
+        assert seq.seq_id is not None
+        cache_id = self.cache_ids.pop()
+        lc.llama_memory_seq_cp(self.memory, seq.seq_id, cache_id, 0, len(tokens))
+        self.cache.append(CachedPrefix(cache_id, tokens, time.monotonic()))
+
+    def _evict(self, entry: CachedPrefix) -> None:
+        lc.llama_memory_seq_rm(self.memory, entry.seq_id, -1, -1)
+        self.cache.remove(entry)
+        self.cache_ids.append(entry.seq_id)
 
     def _sampler(self, params: SamplingParams) -> Any:
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
@@ -215,6 +316,7 @@ class LlamaEngine:
         """Run one iteration: ONE llama_decode over every chunk in the plan."""
         for request_id in plan.preempted:
             if (seq := self.sequences.get(request_id)) is not None:
+                self._unpin(seq)
                 self._drop_kv(seq)  # resumes later by recomputing its tokens
         batch = self.batch
         n = 0
@@ -224,7 +326,10 @@ class LlamaEngine:
             if seq.seq_id is None:
                 seq.seq_id = self.free_ids.pop()
             if chunk.start == 0:  # a fresh start or a recompute: no stale cells
+                self._unpin(seq)
                 lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
+            elif seq.reuse is not None:  # the first chunk after a cached prefix
+                self._start_from_cache(seq)
             for offset in range(chunk.num_tokens):
                 position = chunk.start + offset
                 batch.token[n] = seq.tokens[position]
@@ -279,9 +384,20 @@ class LlamaEngine:
     def close(self) -> None:
         for request_id in list(self.sequences):
             self.release(request_id)
+        for entry in list(self.cache):
+            self._evict(entry)
         lc.llama_batch_free(self.batch)
         lc.llama_free(self.ctx)
         lc.llama_model_free(self.model)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
