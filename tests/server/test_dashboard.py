@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import shutil
 import time
 from collections.abc import Iterator
@@ -66,7 +67,8 @@ def _open(chromium, url: str) -> Page:
 
 
 def _ms(value: float | None) -> str:
-    return "–" if value is None else f"{round(value)} ms"
+    """As the page shows it: JavaScript's Math.round rounds halves up (Python's to even)."""
+    return "–" if value is None else f"{math.floor(value + 0.5)} ms"
 
 
 def test_the_dashboard_shows_what_the_stats_say(busy_server, chromium, tmp_path) -> None:
