@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from homeassistant.components import stt
 from homeassistant.const import CONF_HOST, CONF_LLM_HASS_API, CONF_PORT, CONF_TOKEN
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers import llm
@@ -36,6 +37,18 @@ def _free_port() -> int:
 def _answers(url: str) -> bool:
     probe = f"import urllib.request; urllib.request.urlopen({url!r}, timeout=2)"
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+def voice_metadata(language: str = "en") -> stt.SpeechMetadata:
+    """What a voice pipeline streams: 16 kHz, 16-bit mono PCM."""
+    return stt.SpeechMetadata(
+        language=language,
+        format=stt.AudioFormats.WAV,
+        codec=stt.AudioCodecs.PCM,
+        bit_rate=stt.AudioBitRates.BITRATE_16,
+        sample_rate=stt.AudioSampleRates.SAMPLERATE_16000,
+        channel=stt.AudioChannels.CHANNEL_MONO,
+    )
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from custom_components.fairlane.client import (
 )
 from custom_components.fairlane.const import DOMAIN, EVENT_SUMMARY_DONE
 from custom_components.fairlane.entity import _tool_input, _trim_history
-from tests_ha.conftest import RunningServer
+from tests_ha.conftest import RunningServer, voice_metadata
 
 AGENT = "conversation.fairlane"
 
@@ -86,11 +86,7 @@ async def test_stt_reports_an_error_for_audio_the_server_refuses(
 
     engine = stt.async_get_speech_to_text_engine(hass, "stt.fairlane_speech_to_text")
     assert engine is not None
-    metadata = stt.SpeechMetadata(
-        language="en", format=stt.AudioFormats.WAV, codec=stt.AudioCodecs.PCM,
-        bit_rate=stt.AudioBitRates.BITRATE_16, sample_rate=stt.AudioSampleRates.SAMPLERATE_16000,
-        channel=stt.AudioChannels.CHANNEL_MONO,
-    )
+    metadata = voice_metadata()
     result = await engine.async_process_audio_stream(metadata, nothing())
     assert result.result is stt.SpeechResultState.ERROR
 

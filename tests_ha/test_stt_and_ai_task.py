@@ -18,7 +18,7 @@ from pytest_homeassistant_custom_component.typing import ClientSessionGenerator
 from custom_components.fairlane.ai_task import task_class
 from custom_components.fairlane.const import CLASS_AUTO
 from custom_components.fairlane.conversation import turn_class
-from tests_ha.conftest import SPEECH
+from tests_ha.conftest import SPEECH, voice_metadata
 
 STT_ENTITY = "stt.fairlane_speech_to_text"
 AI_TASK_ENTITY = "ai_task.fairlane_ai_task"
@@ -40,14 +40,7 @@ async def test_the_stt_entity_transcribes_the_pipelines_audio(
 ) -> None:
     engine = stt.async_get_speech_to_text_engine(hass, STT_ENTITY)
     assert engine is not None and "en" in engine.supported_languages
-    metadata = stt.SpeechMetadata(
-        language="en-US",
-        format=stt.AudioFormats.WAV,
-        codec=stt.AudioCodecs.PCM,
-        bit_rate=stt.AudioBitRates.BITRATE_16,
-        sample_rate=stt.AudioSampleRates.SAMPLERATE_16000,
-        channel=stt.AudioChannels.CHANNEL_MONO,
-    )
+    metadata = voice_metadata("en-US")
     result = await engine.async_process_audio_stream(metadata, _chunks(_pcm("command-00.wav")))
     assert result.result is stt.SpeechResultState.SUCCESS
     assert "kitchen" in (result.text or "").lower()

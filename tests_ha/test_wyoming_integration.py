@@ -11,6 +11,8 @@ from homeassistant.core import HomeAssistant
 from homeassistant.helpers import entity_registry as er
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
+from tests_ha.conftest import voice_metadata
+
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "speech" / "command-00.wav"
 
 
@@ -38,14 +40,7 @@ async def test_home_assistant_wyoming_sets_up_and_transcribes(
     engine = stt.async_get_speech_to_text_engine(hass, stt_entity)
     assert engine is not None and "en" in engine.supported_languages
 
-    metadata = stt.SpeechMetadata(
-        language="en",
-        format=stt.AudioFormats.WAV,
-        codec=stt.AudioCodecs.PCM,
-        bit_rate=stt.AudioBitRates.BITRATE_16,
-        sample_rate=stt.AudioSampleRates.SAMPLERATE_16000,
-        channel=stt.AudioChannels.CHANNEL_MONO,
-    )
+    metadata = voice_metadata()
     result = await engine.async_process_audio_stream(metadata, _audio())
     assert result.result is stt.SpeechResultState.SUCCESS
     assert "kitchen" in (result.text or "").lower()
