@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -145,6 +146,9 @@ class LlamaEngine:
         self.free_ids = list(range(config.n_seq_max - 1, -1, -1))
         self.cache_ids = list(range(config.n_seq_max + cache_slots - 1, config.n_seq_max - 1, -1))
         self.cache: list[CachedPrefix] = []
+        # `add` runs on the HTTP side, the rest on the device loop's thread: the cache's
+        # entries and pins are shared between them.
+        self._cache_lock = threading.RLock()
         self.sequences: dict[str, Sequence] = {}
         self.threads = threads
 
@@ -205,11 +209,12 @@ class LlamaEngine:
                 f"prompt of {len(prompt)} tokens exceeds the context ({self.capacity})"
             )
         seq = Sequence(request_id, list(prompt), len(prompt), params, self._sampler(params))
-        entry, reused = self._longest_prefix(prompt)
-        if entry is not None:
-            entry.pins += 1
-            entry.used_at = time.monotonic()
-            seq.reuse, seq.reuse_tokens = entry, reused
+        with self._cache_lock:
+            entry, reused = self._longest_prefix(prompt)
+            if entry is not None:
+                entry.pins += 1
+                entry.used_at = time.monotonic()
+                seq.reuse, seq.reuse_tokens = entry, reused
         self.sequences[request_id] = seq
         return seq.reuse_tokens
 
@@ -255,9 +260,10 @@ class LlamaEngine:
         self._unpin(seq)
 
     def _unpin(self, seq: Sequence) -> None:
-        if seq.reuse is not None:
-            seq.reuse.pins -= 1
-            seq.reuse = None
+        with self._cache_lock:
+            if seq.reuse is not None:
+                seq.reuse.pins -= 1
+                seq.reuse = None
 
     def _keep_prefix(self, seq: Sequence) -> None:
         """Keep the cells of a finished sequence's tokens (every token but the last sampled,
@@ -266,6 +272,10 @@ class LlamaEngine:
         tokens = seq.tokens[: min(len(seq.tokens) - 1, budget)]
         if len(tokens) < MIN_PREFIX_REUSE:
             return
+        with self._cache_lock:
+            self._store_prefix(seq, tokens, budget)
+
+    def _store_prefix(self, seq: Sequence, tokens: list[int], budget: int) -> None:
         # An entry this one extends is superseded; then the least recently used go first.
         for entry in [e for e in self.cache if _common_prefix(e.tokens, tokens) == len(e.tokens)]:
             if entry.pins == 0:
@@ -384,8 +394,9 @@ class LlamaEngine:
     def close(self) -> None:
         for request_id in list(self.sequences):
             self.release(request_id)
-        for entry in list(self.cache):
-            self._evict(entry)
+        with self._cache_lock:
+            for entry in list(self.cache):
+                self._evict(entry)
         lc.llama_batch_free(self.batch)
         lc.llama_free(self.ctx)
         lc.llama_model_free(self.model)
