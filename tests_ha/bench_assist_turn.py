@@ -15,37 +15,14 @@ import time
 from typing import Any
 
 from homeassistant.components import conversation
-from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
 from homeassistant.core import Context, HomeAssistant
-from homeassistant.helpers import area_registry as ar
 from homeassistant.helpers import chat_session
-from homeassistant.helpers import entity_registry as er
-from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+from tests_ha.conftest import add_kitchen_light
 
 AGENT = "conversation.fairlane"
 ROUNDS = 4
-
-
-async def _light(hass: HomeAssistant) -> None:
-    assert await async_setup_component(
-        hass, "input_boolean", {"input_boolean": {"kitchen_power": {"name": "Kitchen power"}}}
-    )
-    target = {"target": {"entity_id": "input_boolean.kitchen_power"}}
-    assert await async_setup_component(hass, "light", {"light": {
-        "platform": "template",
-        "lights": {"kitchen_light": {
-            "unique_id": "kitchen-light",
-            "friendly_name": "Kitchen light",
-            "value_template": "{{ is_state('input_boolean.kitchen_power', 'on') }}",
-            "turn_on": {"action": "input_boolean.turn_on", **target},
-            "turn_off": {"action": "input_boolean.turn_off", **target},
-        }},
-    }})
-    await hass.async_block_till_done()
-    kitchen = ar.async_get(hass).async_create("Kitchen")
-    er.async_get(hass).async_update_entity("light.kitchen_light", area_id=kitchen.id)
-    async_expose_entity(hass, conversation.DOMAIN, "light.kitchen_light", True)
 
 
 async def _turn(hass: HomeAssistant, text: str) -> tuple[float, float, str]:
@@ -70,7 +47,7 @@ async def _turn(hass: HomeAssistant, text: str) -> tuple[float, float, str]:
 
 
 async def test_bench_assist_turns(hass: HomeAssistant, entry: MockConfigEntry) -> None:
-    await _light(hass)
+    await add_kitchen_light(hass)
     client = entry.runtime_data.client
     rows = []
     for label, texts in (

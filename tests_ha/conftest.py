@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from homeassistant.components import stt
+from homeassistant.components import conversation, stt
+from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
 from homeassistant.const import CONF_HOST, CONF_LLM_HASS_API, CONF_PORT, CONF_TOKEN
 from homeassistant.core import HomeAssistant
+from homeassistant.helpers import area_registry as ar
+from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import llm
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
@@ -49,6 +52,32 @@ def voice_metadata(language: str = "en") -> stt.SpeechMetadata:
         sample_rate=stt.AudioSampleRates.SAMPLERATE_16000,
         channel=stt.AudioChannels.CHANNEL_MONO,
     )
+
+
+async def add_kitchen_light(hass: HomeAssistant, name: str = "Kitchen light") -> str:
+    """A real light (a template light over an input_boolean) in a Kitchen area, exposed to
+    Assist; returns its entity id. It starts off."""
+    slug = name.lower().replace(" ", "_")
+    assert await async_setup_component(
+        hass, "input_boolean", {"input_boolean": {"kitchen_power": {"name": "Kitchen power"}}}
+    )
+    target = {"target": {"entity_id": "input_boolean.kitchen_power"}}
+    assert await async_setup_component(hass, "light", {"light": {
+        "platform": "template",
+        "lights": {slug: {
+            "unique_id": slug,
+            "friendly_name": name,
+            "value_template": "{{ is_state('input_boolean.kitchen_power', 'on') }}",
+            "turn_on": {"action": "input_boolean.turn_on", **target},
+            "turn_off": {"action": "input_boolean.turn_off", **target},
+        }},
+    }})
+    await hass.async_block_till_done()
+    entity_id = f"light.{slug}"
+    kitchen = ar.async_get(hass).async_create("Kitchen")
+    er.async_get(hass).async_update_entity(entity_id, area_id=kitchen.id)
+    async_expose_entity(hass, conversation.DOMAIN, entity_id, True)
+    return entity_id
 
 
 @dataclass(frozen=True)

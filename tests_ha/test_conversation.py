@@ -6,13 +6,11 @@ import time
 from typing import Any
 
 from homeassistant.components import conversation
-from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
 from homeassistant.core import Context, HomeAssistant
-from homeassistant.helpers import area_registry as ar
 from homeassistant.helpers import chat_session, intent
-from homeassistant.helpers import entity_registry as er
-from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+from tests_ha.conftest import add_kitchen_light
 
 AGENT = "conversation.fairlane"
 
@@ -49,35 +47,8 @@ async def test_a_turn_streams_a_real_reply(hass: HomeAssistant, entry: MockConfi
 async def test_turn_on_the_kitchen_light_through_assist_tools(
     hass: HomeAssistant, entry: MockConfigEntry
 ) -> None:
-    # A real light entity: a template light over an input_boolean.
-    assert await async_setup_component(
-        hass, "input_boolean", {"input_boolean": {"kitchen_power": {"name": "Kitchen power"}}}
-    )
-    assert await async_setup_component(
-        hass,
-        "light",
-        {
-            "light": {
-                "platform": "template",
-                "lights": {
-                    "kitchen_light": {
-                        "unique_id": "kitchen-light",
-                        "friendly_name": "Kitchen light",
-                        "value_template": "{{ is_state('input_boolean.kitchen_power', 'on') }}",
-                        "turn_on": {"action": "input_boolean.turn_on",
-                                    "target": {"entity_id": "input_boolean.kitchen_power"}},
-                        "turn_off": {"action": "input_boolean.turn_off",
-                                     "target": {"entity_id": "input_boolean.kitchen_power"}},
-                    }
-                },
-            }
-        },
-    )
-    await hass.async_block_till_done()
+    assert await add_kitchen_light(hass) == "light.kitchen_light"
     assert hass.states.get("light.kitchen_light").state == "off"
-    kitchen = ar.async_get(hass).async_create("Kitchen")
-    er.async_get(hass).async_update_entity("light.kitchen_light", area_id=kitchen.id)
-    async_expose_entity(hass, conversation.DOMAIN, "light.kitchen_light", True)
 
     result = await conversation.async_converse(
         hass, "Turn on the kitchen light", None, Context(), agent_id=AGENT

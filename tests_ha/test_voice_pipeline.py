@@ -7,38 +7,14 @@ import wave
 from collections.abc import AsyncIterator
 from typing import Any
 
-from homeassistant.components import assist_pipeline, conversation
+from homeassistant.components import assist_pipeline
 from homeassistant.components.assist_pipeline.const import DOMAIN as PIPELINE
 from homeassistant.components.assist_pipeline.pipeline import KEY_ASSIST_PIPELINE
-from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
 from homeassistant.core import Context, HomeAssistant
-from homeassistant.helpers import area_registry as ar
-from homeassistant.helpers import entity_registry as er
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from tests_ha.conftest import SPEECH, voice_metadata
-
-
-async def _kitchen_lights(hass: HomeAssistant) -> None:
-    assert await async_setup_component(
-        hass, "input_boolean", {"input_boolean": {"kitchen_power": {"name": "Kitchen power"}}}
-    )
-    target = {"target": {"entity_id": "input_boolean.kitchen_power"}}
-    assert await async_setup_component(hass, "light", {"light": {
-        "platform": "template",
-        "lights": {"kitchen_lights": {
-            "unique_id": "kitchen-lights",
-            "friendly_name": "Kitchen lights",
-            "value_template": "{{ is_state('input_boolean.kitchen_power', 'on') }}",
-            "turn_on": {"action": "input_boolean.turn_on", **target},
-            "turn_off": {"action": "input_boolean.turn_off", **target},
-        }},
-    }})
-    await hass.async_block_till_done()
-    kitchen = ar.async_get(hass).async_create("Kitchen")
-    er.async_get(hass).async_update_entity("light.kitchen_lights", area_id=kitchen.id)
-    async_expose_entity(hass, conversation.DOMAIN, "light.kitchen_lights", True)
+from tests_ha.conftest import SPEECH, add_kitchen_light, voice_metadata
 
 
 async def _spoken(name: str) -> AsyncIterator[bytes]:
@@ -51,7 +27,7 @@ async def _spoken(name: str) -> AsyncIterator[bytes]:
 async def test_a_spoken_command_turns_on_the_light(
     hass: HomeAssistant, entry: MockConfigEntry
 ) -> None:
-    await _kitchen_lights(hass)
+    assert await add_kitchen_light(hass, "Kitchen lights") == "light.kitchen_lights"
     assert await async_setup_component(hass, PIPELINE, {})
     store = hass.data[KEY_ASSIST_PIPELINE].pipeline_store
     pipeline = await store.async_create_item({
