@@ -46,6 +46,9 @@ POLICY_SCHEMA = vol.Schema(
     {
         vol.Optional("name", default="fairlane"): vol.In(["fairlane", "fcfs"]),
         vol.Optional("slice_ms"): _positive(1),
+        vol.Optional("arrival_wait_fraction"): vol.All(
+            vol.Coerce(float), vol.Range(min=0.05, max=1.0)
+        ),
         vol.Optional("max_batch_tokens"): _count(16),
         vol.Optional("max_num_seqs"): _count(1),
         vol.Optional("min_prefill_chunk"): _count(1),
@@ -237,11 +240,23 @@ class Config:
             return self.server.profile
         return "cpu-2core" if self.llm.gpu_layers == 0 else "rtx4090"
 
+    @property
+    def llm_capacity(self) -> int:
+        """KV positions the running sequences share: the context less the prefix cache, in
+        whole policy blocks. The one number the engine, the policy and the API clamp all use."""
+        block = self.policy.block_size
+        return (self.llm.n_ctx - self.llm.prefix_cache) // block * block
+
+    @property
+    def engine_cache_tokens(self) -> int:
+        """Cells the engine keeps for its prefix cache: all of the context but the capacity."""
+        return self.llm.n_ctx - self.llm_capacity if self.llm.prefix_cache else 0
+
     def serving_policy(self, device: str) -> PolicyConfig:
         """The policy as the server runs it: budgets fitted to the engine, SLOs to the device."""
         policy = replace(
             self.policy,
-            kv_blocks=(self.llm.n_ctx - self.llm.prefix_cache) // self.policy.block_size,
+            kv_blocks=self.llm_capacity // self.policy.block_size,
             max_num_seqs=min(self.policy.max_num_seqs, self.llm.n_seq_max),
             max_batch_tokens=min(self.policy.max_batch_tokens, self.llm.n_ctx),
         )

@@ -90,9 +90,7 @@ class DeviceLoop:
 
     # --- called from the HTTP side -----------------------------------------------------------
 
-    def submit(
-        self, request: Request, register: Callable[[], int | None], sink: Sink
-    ) -> Admission:
+    def submit(self, request: Request, register: Callable[[], int | None], sink: Sink) -> Admission:
         """Admit a request (or refuse it with a reason); its events go to `sink` from the loop.
 
         `register` hands the request's data to its engine first (it raises for data the engine
@@ -101,7 +99,7 @@ class DeviceLoop:
         then plans the prefill from there.
         """
         with self._wake:
-            request.computed_tokens = register() or 0
+            request.computed_tokens = request.cached_tokens = register() or 0
             request.arrival = self.clock()
             admission = self.policy.add(request, request.arrival)
             if admission.accepted:
@@ -138,9 +136,7 @@ class DeviceLoop:
                 "kv_used_blocks": self.policy.kv.used_blocks,
                 "kv_total_blocks": self.policy.kv.num_blocks,
                 "kv_block_size": self.policy.kv.block_size,
-                "cost_correction": {
-                    k.value: round(v, 3) for k, v in self.policy.cost.correction.items()
-                },
+                "cost_fit": self.policy.cost.weights(),
             }
 
     # --- the loop thread ---------------------------------------------------------------------
@@ -177,6 +173,8 @@ class DeviceLoop:
                     self.engines[kind].release(request_id)
                 self._release.clear()
                 now = self.clock()
+                for request in self.policy.expire(now):
+                    self._end(request, "deadline: no output before the request's deadline")
                 plan = self.policy.schedule(now)
                 if not isinstance(plan, IdlePlan):
                     return plan
@@ -189,6 +187,14 @@ class DeviceLoop:
         if engine is None:
             raise RuntimeError(f"no engine for {plan.kind.value} steps")
         return engine.execute(plan)
+
+    def _end(self, request: Request, reason: str) -> None:
+        """A request the policy dropped (rule 9): its engine forgets it, its client is told."""
+        sink = self._sinks.pop(request.id, None)
+        self._kinds.pop(request.id, None)
+        self.engines[request.kind].release(request.id)
+        if sink is not None:
+            sink(TokenEvent(request.id, "", reason))
 
     def _fail(self, plan: StepPlan, message: str) -> None:
         with self._lock:

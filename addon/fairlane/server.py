@@ -255,7 +255,7 @@ def build_services(cfg: config_mod.Config) -> Services:
             n_batch=cfg.llm.n_batch,
             n_threads=cfg.llm.threads,
             n_gpu_layers=cfg.llm.gpu_layers,
-            prefix_cache_tokens=cfg.llm.prefix_cache,
+            prefix_cache_tokens=cfg.engine_cache_tokens,
         )
     )
     template: ChatTemplate | None = None

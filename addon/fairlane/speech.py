@@ -8,12 +8,20 @@ from typing import Any
 
 from fairlane.device import DeviceLoop
 from fairlane.engines.stt import TranscriptEvent, Utterance, WhisperEngine
-from fairlane.policy import Kind, Priority, Request
+from fairlane.policy import Admission, Kind, Priority, Request
 from fairlane.telemetry import Telemetry
 
 
 class Refused(Exception):
     """Admission control said no (queue full, deadline); the reason is for the person."""
+
+    def __init__(self, admission: Admission) -> None:
+        super().__init__(admission.reason)
+        self.admission = admission
+
+
+class Expired(Exception):
+    """The transcription waited past its deadline (rule 9) and was dropped."""
 
 
 class Cancelled(Exception):
@@ -27,6 +35,7 @@ async def transcribe(
     utterance: Utterance,
     priority: Priority = Priority.VOICE,
     client: str = "anonymous",
+    deadline_s: float | None = None,
 ) -> TranscriptEvent:
     """Queue an utterance as one STT request and wait for its transcript.
 
@@ -44,11 +53,19 @@ async def transcribe(
     def sink(event: Any) -> None:
         loop.call_soon_threadsafe(deliver, event)
 
-    request = Request(request_id, Kind.STT, priority, client, 0.0, audio_s=utterance.duration_s)
+    request = Request(
+        request_id,
+        Kind.STT,
+        priority,
+        client,
+        0.0,
+        audio_s=utterance.duration_s,
+        deadline_s=deadline_s,
+    )
     admission = device.submit(request, lambda: engine.add(request_id, utterance), sink)
     if not admission.accepted:
         telemetry.refuse(priority)
-        raise Refused(admission.reason)
+        raise Refused(admission)
     record = telemetry.begin(Kind.STT, priority, client, 0, request.arrival)
     try:
         event = await done
@@ -58,6 +75,8 @@ async def transcribe(
             telemetry.finish(record, device.clock(), outcome="cancelled")
     if not isinstance(event, TranscriptEvent):
         telemetry.finish(record, device.clock(), outcome="cancelled")
+        if str(event.finish_reason).startswith("deadline"):
+            raise Expired(event.finish_reason)
         raise Cancelled(f"transcription {event.finish_reason}")
     finished_at = device.clock()
     telemetry.finish(record, finished_at)

@@ -189,7 +189,7 @@ class Telemetry:
                 "total_blocks": total,
                 "block_size": device["kv_block_size"],
             },
-            "cost_correction": device["cost_correction"],
+            "cost_fit": device["cost_fit"],
         }
 
     def prometheus(self, device: dict[str, Any]) -> bytes:

@@ -30,7 +30,7 @@ from fairlane import __version__
 from fairlane.device import DeviceLoop
 from fairlane.engines.stt import SAMPLE_RATE, AudioError, Utterance, WhisperEngine
 from fairlane.policy import Priority
-from fairlane.speech import Cancelled, Refused, transcribe
+from fairlane.speech import Cancelled, Expired, Refused, transcribe
 from fairlane.telemetry import Telemetry
 
 _LOGGER = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class AsrHandler(AsyncEventHandler):
                 Priority.VOICE,
                 client="wyoming",
             )
-        except (AudioError, Refused, Cancelled) as err:
+        except (AudioError, Refused, Cancelled, Expired) as err:
             await self.write_event(Error(text=str(err), code=type(err).__name__).event())
             return
         await self.write_event(TranscriptStart(language=result.language).event())

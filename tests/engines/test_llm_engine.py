@@ -166,3 +166,69 @@ def test_a_cancelled_sequence_is_not_cached(cached_engine: LlamaEngine) -> None:
                                   (), 0.0, 0))
     cached_engine.release("gone")  # cancelled mid-answer: its finish reason is unset
     assert [e.tokens for e in cached_engine.cache] == before
+
+
+# --- the prefix cache under the policy's accounting (review R12) ------------------------------
+
+
+def test_shared_prefix_cells_are_counted_once_and_never_lost_from_the_budget() -> None:
+    """The device loop's protocol (register → policy.add → schedule → execute → apply → release)
+    on a 512-cell context: a turn that starts from a cached prefix is running when another turn
+    finishes, and then the policy fills its capacity. The prefix's cells belong to the cache's
+    budget until that turn is released, so the cache does not take in the finished turn in
+    their place, and llama_decode always finds its cells (it failed here before)."""
+    from fairlane import config
+    from fairlane.policy import CostModel, IdlePlan, Kind, Request, make_policy
+    from tests.policy.helpers import PROFILE
+
+    cfg = config.parse({"llm": {"n_ctx": 512, "n_seq_max": 4, "prefix_cache_tokens": 128}})
+    engine = LlamaEngine(EngineConfig(models.resolve_llm("gemma-3-270m"), n_ctx=512,
+                                      n_seq_max=4, n_batch=256,
+                                      prefix_cache_tokens=cfg.engine_cache_tokens))
+    policy = make_policy("fairlane", cfg.serving_policy("gpu"), CostModel(PROFILE))
+    assert engine.capacity == policy.capacity_tokens(Priority.VOICE) == 384
+    # A literal answer: the turn cannot end early on an EOS while the scenario needs it.
+    long_answer = SamplingParams(max_tokens=60, temperature=0,
+                                 grammar='root ::= "' + "ab " * 30 + '"')
+    now = 0.0
+
+    def submit(rid: str, text: str, params: SamplingParams) -> Request:
+        prompt = engine.tokenize(text, add_special=True)[:340]
+        reused = engine.add(rid, prompt, params)
+        request = Request(rid, Kind.LLM, Priority.CHAT, rid, now, prompt_tokens=len(prompt),
+                          max_tokens=params.max_tokens)
+        request.computed_tokens = request.cached_tokens = reused
+        assert policy.add(request, now).accepted
+        return request
+
+    def step() -> None:
+        nonlocal now
+        plan = policy.schedule(now)
+        assert not isinstance(plan, IdlePlan)
+        result, _ = engine.execute(plan)  # raises EngineError when no cells are free
+        now += 0.01
+        for request in policy.update_from_output(plan, result, now):
+            engine.release(request.id)
+
+    prefix = HOUSE * 2  # 82 tokens
+    submit("a", prefix + "First.", SamplingParams(max_tokens=1, temperature=0))
+    while policy.has_work():
+        step()
+    assert len(engine.cache) == 1
+    entry = engine.cache[0]
+    b = submit("b", prefix + "Second.", long_answer)
+    assert b.cached_tokens > 80 and entry.pins == 1
+    step()  # b's first chunk runs from the cached cells
+    submit("c", "Note: " + "the garden sprinkler runs at seven. " * 13,  # 95 tokens
+           SamplingParams(max_tokens=1, temperature=0))
+    while "c" in policy.requests:
+        step()
+    assert entry in engine.cache and entry.pins == 1  # b still uses its cells
+    # 340 + 8 of the policy's 384 positions; with the cache's 128 cells on top, the context
+    # is full only if the cache forgot the 82 cells b still uses and took c's 95 instead.
+    submit("d", "Fill: " + "kitchen hallway garden " * 120, SamplingParams(max_tokens=8,
+                                                                         temperature=0))
+    while policy.has_work():
+        step()
+    assert entry.pins == 0
+    engine.close()

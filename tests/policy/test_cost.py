@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 import pytest
 
 from fairlane import profiles
-from fairlane.policy import CostModel, Kind
+from fairlane.policy import Chunk, CostModel, EmbedPlan, LlmPlan, Priority
 from tests.policy.helpers import PROFILE
 
 
@@ -14,13 +17,49 @@ def test_prefill_budget_inverts_the_iteration_cost() -> None:
     assert cost.llm_s(tokens, 2, 0) <= 0.050 < cost.llm_s(tokens + 1, 2, 0)
 
 
+def llm_plan(prefill: int, decodes: int) -> LlmPlan:
+    chunks = [Chunk(f"d{i}", 10, 1, True, True, Priority.CHAT) for i in range(decodes)]
+    if prefill:
+        chunks.append(Chunk("p", 0, prefill, True, False, Priority.BACKGROUND))
+    return LlmPlan(tuple(chunks), (), 0.0, 0)
+
+
 def test_measured_step_times_pull_predictions_to_this_machine() -> None:
     cost = CostModel(PROFILE)
+    truth = CostModel(PROFILE)
     predicted = cost.llm_s(100, 4, 0)
     for _ in range(30):
-        cost.observe(Kind.LLM, cost.llm_s(100, 4, 0), 2 * predicted)  # the device is 2× slower
+        cost.observe(llm_plan(100, 4), 2 * truth.llm_s(100, 4, 0))  # the device is 2× slower
     assert cost.llm_s(100, 4, 0) == pytest.approx(2 * predicted, rel=0.01)
-    assert cost.correction[Kind.EMBED] == 1.0  # each engine learns separately
+    assert cost.embed_s(64) == truth.embed_s(64)  # each engine learns separately
+
+
+def test_the_fit_learns_each_term_not_one_average() -> None:
+    """Prefill 2× slower and decode 3× faster than the profile: one scalar correction cannot
+    predict both a prefill step and a decode step; the per-term fit must (review R10)."""
+    skewed = replace(PROFILE, llm=replace(PROFILE.llm, prefill_token_ms=0.2, decode_seq_ms=1 / 3))
+    truth, cost = CostModel(skewed), CostModel(PROFILE)
+    rng = random.Random(0)
+    for _ in range(200):
+        prefill, decodes = rng.choice([(0, rng.randint(1, 32)), (rng.randint(8, 2000), 0),
+                                       (rng.randint(8, 500), rng.randint(1, 8))])
+        plan = llm_plan(prefill, decodes)
+        cost.observe(plan, truth.plan_s(plan) * rng.gauss(1.0, 0.03))
+    for prefill, decodes in ((2000, 0), (0, 32), (300, 4)):
+        assert cost.llm_s(prefill, decodes, 0) == pytest.approx(
+            truth.llm_s(prefill, decodes, 0), rel=0.1)
+    # Budgets follow: a 50 ms slice now holds about half the prefill tokens the profile said.
+    assert cost.prefill_tokens_within(0.05, 0, 0, 0) == pytest.approx(200, rel=0.1)
+
+
+def test_an_unobserved_term_keeps_its_profile_value() -> None:
+    cost = CostModel(PROFILE)
+    for _ in range(500):  # only decode steps, measured exactly as the profile says
+        plan = llm_plan(0, 4)
+        cost.observe(plan, CostModel(PROFILE).plan_s(plan))
+    assert cost.llm_s(1000, 0, 0) == pytest.approx(CostModel(PROFILE).llm_s(1000, 0, 0), rel=0.02)
+    plan = EmbedPlan(("e",), Priority.BACKGROUND, 64, 0.0)
+    assert cost.plan_s(plan) == CostModel(PROFILE).embed_s(64)
 
 
 @pytest.mark.parametrize("name", profiles.available())

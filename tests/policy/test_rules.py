@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from fairlane.policy import EmbedPlan, IdlePlan, LlmPlan, Slo, Status, SttPlan
 from fairlane.policy.fairness import FairQueue
 from tests.policy.helpers import (
@@ -63,19 +65,40 @@ def test_voice_before_chat_and_speech_before_llm_within_a_class() -> None:
 # --- Rule 2: background steps stay under slice_ms --------------------------------------------
 
 
-def test_background_steps_are_sized_to_the_slice() -> None:
-    policy = make(slice_ms=50.0)
+def test_background_steps_are_sized_to_the_slice_while_someone_talks() -> None:
+    policy = make(slice_ms=50.0, background_max_wait_s=0.0, background_min_share=1.0)
+    policy.add(llm("chat", CHAT, prompt=50, max_tokens=10_000), 0.0)
     for i in range(1000):
         policy.add(embed(f"e{i}", tokens=256), 0.0)
     policy.add(llm("doc", BACKGROUND, prompt=8000), 0.0)
     seen = set()
     now = 0.0
-    for _ in range(20):
+    for _ in range(40):
         plan, _, now = step(policy, now)
         assert not isinstance(plan, IdlePlan)
         assert plan.predicted_s <= 0.050 + 1e-9
-        seen.add(type(plan))
+        if BACKGROUND in {c.priority for c in getattr(plan, "chunks", ())} | {
+                getattr(plan, "priority", None)}:
+            seen.add(type(plan))
     assert seen == {EmbedPlan, LlmPlan}  # the two background lanes take turns
+
+
+def test_with_nobody_talking_background_steps_grow_to_the_arrival_wait() -> None:
+    """Rule 2 when idle (review item 14): a lone summary runs in steps as large as an arrival
+    can wait for (half the tightest interactive target: 250 ms here), not 50 ms slivers; and the
+    moment an interactive request exists the slice applies again."""
+    policy = make(slice_ms=50.0)
+    assert policy.config.arrival_wait_s == pytest.approx(0.25)
+    policy.add(llm("doc", BACKGROUND, prompt=8000, max_tokens=4), 0.0)
+    plan, _, now = step(policy, 0.0)
+    assert isinstance(plan, LlmPlan)
+    assert 0.2 < plan.predicted_s <= 0.25 + 1e-9
+    assert chunk_of(plan, "doc").num_tokens > 5 * 380 // 2  # vs 380 tokens in a 50 ms slice
+    policy.add(llm("chat", CHAT, prompt=100), now)
+    plan, _, now = step(policy, now)
+    assert "chat" in ids(plan)
+    plan, _, now = step(policy, now)
+    assert isinstance(plan, LlmPlan) and plan.predicted_s <= 0.050 + 1e-9
 
 
 # --- Rule 3: sequences join and leave between iterations -------------------------------------
@@ -222,14 +245,21 @@ def test_a_client_returning_from_idle_starts_at_the_minimum_counter() -> None:
 
 def test_lane_holds_its_window_only_when_waiting_pays() -> None:
     policy = make()
-    for i, t in enumerate((0.0, 0.0005, 0.001)):
-        policy.add(embed(f"e{i}", arrival=t), t)
-    plan = policy.schedule(0.001)
+    for i, t in enumerate((0.0, 0.0002, 0.0004)):  # short texts, 0.2 ms apart
+        policy.add(embed(f"e{i}", tokens=8, arrival=t), t)
+    plan = policy.schedule(0.0004)
+    # Holding costs (3 + 1) × 0.2 ms of waiting and 3 × 0.08 ms of the newcomer's share, less
+    # than the 2 ms fixed cost the newcomer would otherwise pay in a step of its own.
     assert isinstance(plan, IdlePlan) and plan.reason == "batch window"
-    assert plan.wake_at == 0.2  # the oldest arrival + the background window
+    assert plan.wake_at == pytest.approx(0.0006)  # when the next text is due
 
-    policy.add(llm("c", CHAT), 0.001)  # the device is no longer otherwise idle
-    assert not isinstance(policy.schedule(0.001), IdlePlan)
+    policy.add(llm("c", CHAT), 0.0004)  # the device is no longer otherwise idle
+    assert not isinstance(policy.schedule(0.0004), IdlePlan)
+
+    policy = make()  # 64-token texts 0.5 ms apart: each adds more than the batch saves
+    for i, t in enumerate((0.0, 0.0005, 0.001)):
+        policy.add(embed(f"e{i}", tokens=64, arrival=t), t)
+    assert isinstance(policy.schedule(0.001), EmbedPlan)
 
 
 def test_no_window_without_a_forecast_or_for_a_zero_window() -> None:
@@ -316,10 +346,11 @@ def test_interactive_request_that_cannot_meet_its_deadline_fails_fast() -> None:
     assert make().add(llm("ok", VOICE, prompt=500, deadline_s=1.0), 0.0).accepted
 
 
-def test_prompt_longer_than_the_kv_cache_is_refused() -> None:
+def test_prompt_longer_than_the_kv_cache_is_refused_for_good() -> None:
     policy = make(kv_blocks=10, block_size=16)
     refused = policy.add(llm("big", prompt=1000), 0.0)
-    assert not refused.accepted and "KV cache" in refused.reason
+    assert not refused.accepted and "do not fit the 160 tokens" in refused.reason
+    assert not refused.retryable  # the API answers 400, not 429
 
 
 # --- Cancellation --------------------------------------------------------------------------

@@ -18,8 +18,11 @@ from fairlane.api.common import (
     PRIORITY_NAMES,
     ApiError,
     Services,
+    deadline_passed,
     json_body,
+    refused,
     request_class,
+    request_deadline,
     services_of,
     validate,
 )
@@ -84,6 +87,7 @@ CHAT_REQUEST = vol.Schema(
         ),
         vol.Optional("tool_choice"): vol.Any(str, dict, None),
         vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
+        vol.Optional("deadline_ms"): vol.Any(None, vol.Coerce(float)),
         vol.Optional("response_format"): vol.Any(
             {vol.Required("type"): vol.In(["text", "json_object"])},
             {
@@ -132,6 +136,7 @@ class _Turn:
     id: str
     queue: asyncio.Queue[TokenEvent]
     prompt_tokens: int
+    first: TokenEvent | None = None  # read before the response starts, so it can still fail
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -150,13 +155,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except ChatTemplateError as err:
         raise ApiError(400, str(err), param="messages") from err
     prompt = await asyncio.to_thread(svc.engine.tokenize, prompt_text)
-    limit = svc.engine.capacity
+    priority_limit = svc.device.policy.capacity_tokens(priority)
+    limit = min(svc.engine.capacity, priority_limit)
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     max_tokens = max_tokens or svc.config.llm.max_tokens
     if len(prompt) + 1 > limit:
         raise ApiError(
             400,
-            f"the prompt has {len(prompt)} tokens; the context holds {limit}",
+            f"the prompt has {len(prompt)} tokens; a {priority.label} request may hold "
+            f"{limit} (the context less the prefix cache"
+            + (
+                " and the share kept free for voice and chat)"
+                if limit < svc.engine.capacity
+                else ")"
+            ),
             param="messages",
             code="context_length_exceeded",
         )
@@ -175,7 +187,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     client = body.get("user") or request.headers.get("X-Fairlane-Client") or "anonymous"
     policy_request = Request(
-        turn.id, Kind.LLM, priority, client, 0.0, prompt_tokens=len(prompt), max_tokens=max_tokens
+        turn.id,
+        Kind.LLM,
+        priority,
+        client,
+        0.0,
+        prompt_tokens=len(prompt),
+        max_tokens=max_tokens,
+        deadline_s=request_deadline(request, body),
     )
 
     def sink(event: TokenEvent) -> None:
@@ -186,11 +205,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
     if not admission.accepted:
         svc.telemetry.refuse(priority)
-        raise ApiError(
-            429, f"request refused: {admission.reason}", kind="overloaded", code="refused"
-        )
+        raise refused(admission)
     record = svc.telemetry.begin(Kind.LLM, priority, client, len(prompt), policy_request.arrival)
     try:
+        # The first token before the response starts: a turn that fails or expires while it
+        # waits gets an HTTP error, not a stream that breaks off.
+        turn.first = await _next_event(turn)
         if body["stream"]:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             response = web.StreamResponse(
@@ -209,9 +229,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _next_event(turn: _Turn) -> TokenEvent:
+    if turn.first is not None:
+        event, turn.first = turn.first, None
+        return event
     event = await turn.queue.get()
     if event.finish_reason and event.finish_reason.startswith("error"):
         raise ApiError(500, f"the engine failed: {event.finish_reason}", kind="server_error")
+    if event.finish_reason and event.finish_reason.startswith("deadline"):
+        raise deadline_passed(event.finish_reason)
     return event
 
 
@@ -336,8 +361,12 @@ async def generate(
     """One LLM turn through the device loop, collected (summaries, and other server jobs)."""
     assert svc.template is not None
     prompt = await asyncio.to_thread(svc.engine.tokenize, svc.template.render(messages))
-    if len(prompt) + max_tokens > svc.engine.capacity:
-        raise ValueError(f"{len(prompt)} prompt tokens do not fit the context")
+    capacity = min(svc.engine.capacity, svc.device.policy.capacity_tokens(priority))
+    if len(prompt) + max_tokens > capacity:
+        raise ValueError(
+            f"{len(prompt)} prompt tokens and {max_tokens} reply tokens do not fit the "
+            f"{capacity} tokens a {priority.label} request may hold"
+        )
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
     request_id = f"gen-{uuid.uuid4().hex}"

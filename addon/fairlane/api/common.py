@@ -21,7 +21,7 @@ from fairlane.engines.embed import EmbeddingEngine
 from fairlane.engines.llm import (
     LlamaEngine,
 )
-from fairlane.policy import Priority
+from fairlane.policy import Admission, Priority
 from fairlane.telemetry import Telemetry
 from fairlane.wyoming_server import SpeechService
 
@@ -94,6 +94,44 @@ def request_class(request: web.Request, body: dict[str, Any], default: Priority)
         return Priority.parse(value)
     except ValueError as err:
         raise ApiError(400, str(err), param="fairlane_class") from err
+
+
+DEADLINE_HEADER = "X-Fairlane-Deadline-Ms"
+
+
+def request_deadline(request: web.Request, body: dict[str, Any]) -> float | None:
+    """Seconds from arrival by which the first output must come (rule 9), from the
+    `deadline_ms` field or the `X-Fairlane-Deadline-Ms` header (the field wins); none: the
+    class's configured default."""
+    value = body.get("deadline_ms")
+    if value is None:
+        value = request.headers.get(DEADLINE_HEADER)
+    if value is None or value == "":
+        return None
+    try:
+        milliseconds = float(value)
+    except (TypeError, ValueError) as err:
+        raise ApiError(
+            400, "deadline_ms must be a number of milliseconds", param="deadline_ms"
+        ) from err
+    if not 1 <= milliseconds <= 86_400_000:
+        raise ApiError(400, "deadline_ms must be between 1 and 86400000", param="deadline_ms")
+    return milliseconds / 1000.0
+
+
+def refused(admission: Admission) -> ApiError:
+    """Admission control's answer for the client: 429 when a retry may succeed (a full queue,
+    a deadline the backlog cannot meet), 400 when it never will (too large)."""
+    if admission.retryable:
+        return ApiError(
+            429, f"request refused: {admission.reason}", kind="overloaded", code="refused"
+        )
+    return ApiError(400, f"request refused: {admission.reason}", code="does_not_fit")
+
+
+def deadline_passed(reason: str) -> ApiError:
+    """A waiting request dropped when its deadline passed (rule 9)."""
+    return ApiError(429, f"request expired: {reason}", kind="overloaded", code="deadline_exceeded")
 
 
 # --- the application -------------------------------------------------------------------------

@@ -14,8 +14,11 @@ from fairlane.api.common import (
     PRIORITY_NAMES,
     ApiError,
     Services,
+    deadline_passed,
     json_body,
+    refused,
     request_class,
+    request_deadline,
     resolve_future,
     services_of,
     validate,
@@ -34,6 +37,7 @@ EMBED_REQUEST = vol.Schema(
         vol.Optional("dimensions"): vol.Any(vol.All(int, vol.Range(min=1)), None),
         vol.Optional("user"): vol.Any(str, None),
         vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
+        vol.Optional("deadline_ms"): vol.Any(None, vol.Coerce(float)),
     },
     extra=vol.ALLOW_EXTRA,
 )
@@ -69,7 +73,8 @@ async def embeddings(request: web.Request) -> web.Response:
     priority = request_class(request, body, Priority.BACKGROUND)
     client = body.get("user") or "anonymous"
     token_ids = await asyncio.to_thread(svc.embedder.tokenize, texts)
-    vectors = await embed_all(svc, token_ids, priority, client)
+    deadline_s = request_deadline(request, body)
+    vectors = await embed_all(svc, token_ids, priority, client, deadline_s)
     used = sum(len(ids) for ids in token_ids)
     data = [
         {
@@ -92,7 +97,11 @@ async def embeddings(request: web.Request) -> web.Response:
 
 
 async def embed_all(
-    svc: Services, token_ids: list[list[int]], priority: Priority, client: str
+    svc: Services,
+    token_ids: list[list[int]],
+    priority: Priority,
+    client: str,
+    deadline_s: float | None = None,
 ) -> list[Any]:
     """Queue every text as one EMBED request; all or nothing."""
     assert svc.embedder is not None
@@ -112,13 +121,19 @@ async def embed_all(
             def register(request_id: str = request_id, tokens: list[int] = tokens) -> None:
                 embedder.add(request_id, tokens)
 
-            item = Request(request_id, Kind.EMBED, priority, client, 0.0, prompt_tokens=len(tokens))
+            item = Request(
+                request_id,
+                Kind.EMBED,
+                priority,
+                client,
+                0.0,
+                prompt_tokens=len(tokens),
+                deadline_s=deadline_s,
+            )
             admission = svc.device.submit(item, register, sink)
             if not admission.accepted:
                 svc.telemetry.refuse(priority)
-                raise ApiError(
-                    429, f"request refused: {admission.reason}", kind="overloaded", code="refused"
-                )
+                raise refused(admission)
             futures.append(future)
             ids.append(request_id)
         events = await asyncio.gather(*futures)
@@ -126,6 +141,10 @@ async def embed_all(
         for request_id in ids:
             svc.device.cancel(request_id)
         raise
-    if any(not hasattr(e, "vector") for e in events):
-        raise ApiError(409, "the embedding request was cancelled", code="cancelled")
+    for event in events:
+        if not hasattr(event, "vector"):
+            reason = str(getattr(event, "finish_reason", ""))
+            if reason.startswith("deadline"):
+                raise deadline_passed(reason)
+            raise ApiError(409, "the embedding request was cancelled", code="cancelled")
     return [e.vector for e in events]

@@ -8,13 +8,16 @@ from aiohttp import web
 
 from fairlane.api.common import (
     ApiError,
+    deadline_passed,
     read_form,
+    refused,
     request_class,
+    request_deadline,
     services_of,
 )
 from fairlane.engines.stt import AudioError, Utterance, decode_audio
 from fairlane.policy import Priority
-from fairlane.speech import Cancelled, Refused, transcribe
+from fairlane.speech import Cancelled, Expired, Refused, transcribe
 
 # --- speech-to-text ----------------------------------------------------------------------------
 
@@ -63,11 +66,14 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
             utterance,
             priority,
             fields.get("user") or "anonymous",
+            request_deadline(request, fields),
         )
     except AudioError as err:
         raise ApiError(400, str(err), param="file", code="bad_audio") from err
     except Refused as err:
-        raise ApiError(429, f"request refused: {err}", kind="overloaded", code="refused") from err
+        raise refused(err.admission) from err
+    except Expired as err:
+        raise deadline_passed(str(err)) from err
     except Cancelled as err:
         raise ApiError(409, str(err), code="cancelled") from err
     if response_format == "text":

@@ -64,6 +64,7 @@ class Sequence:
     # A cached prefix this sequence starts from, copied in when its first chunk runs.
     reuse: CachedPrefix | None = None
     reuse_tokens: int = 0
+    started_from_cache: bool = False
 
     @property
     def generated(self) -> int:
@@ -77,7 +78,7 @@ class CachedPrefix:
     seq_id: int
     tokens: list[int]
     used_at: float
-    pins: int = 0  # sequences admitted to start from it whose first chunk has not run yet
+    pins: int = 0  # sequences admitted to start from it, until they are released
 
 
 @dataclass(frozen=True)
@@ -252,18 +253,24 @@ class LlamaEngine:
 
     def _start_from_cache(self, seq: Sequence) -> None:
         """Share the cached prefix's cells with the sequence (no copy of the data in unified
-        KV: the cells get the sequence's id too)."""
+        KV: the cells get the sequence's id too).
+
+        The entry stays pinned until the sequence is released or recomputed: its cells are
+        counted in the cache's budget only, so the entry must not leave the cache (and the
+        budget) while a sequence still uses them.
+        """
         entry = seq.reuse
         assert entry is not None and seq.seq_id is not None
         lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
         lc.llama_memory_seq_cp(self.memory, entry.seq_id, seq.seq_id, 0, seq.reuse_tokens)
-        self._unpin(seq)
+        seq.started_from_cache = True
 
     def _unpin(self, seq: Sequence) -> None:
         with self._cache_lock:
             if seq.reuse is not None:
                 seq.reuse.pins -= 1
                 seq.reuse = None
+                seq.started_from_cache = False
 
     def _keep_prefix(self, seq: Sequence) -> None:
         """Keep the cells of a finished sequence's tokens (every token but the last sampled,
@@ -338,8 +345,8 @@ class LlamaEngine:
             if chunk.start == 0:  # a fresh start or a recompute: no stale cells
                 self._unpin(seq)
                 lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
-            elif seq.reuse is not None:  # the first chunk after a cached prefix
-                self._start_from_cache(seq)
+            elif seq.reuse is not None and not seq.started_from_cache:
+                self._start_from_cache(seq)  # the first chunk after a cached prefix
             for offset in range(chunk.num_tokens):
                 position = chunk.start + offset
                 batch.token[n] = seq.tokens[position]

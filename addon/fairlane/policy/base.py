@@ -6,10 +6,13 @@ admitting, cancelling, preempting and applying results are the same for all of t
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from fairlane.policy.config import PolicyConfig
 from fairlane.policy.cost import CostModel
@@ -26,31 +29,33 @@ from fairlane.policy.plan import (
 )
 from fairlane.policy.request import Kind, Priority, Request, Status
 
+K = TypeVar("K")
+
 
 @dataclass
-class DeviceShare:
-    """Each class's share of device time over a sliding (exponentially decayed) window."""
+class DeviceShare(Generic[K]):
+    """Each key's share of device time (a class's, or a lane's) over a decayed window."""
 
     window_s: float
-    busy: dict[Priority, float] = field(default_factory=lambda: dict.fromkeys(Priority, 0.0))
+    busy: dict[K, float] = field(default_factory=dict)
     total: float = 0.0
     last: float | None = None
 
-    def record(self, seconds: dict[Priority, float], now: float) -> None:
-        elapsed = sum(seconds.values())
+    def record(self, seconds: Mapping[K, float], now: float, elapsed: float | None = None) -> None:
+        elapsed = sum(seconds.values()) if elapsed is None else elapsed
         span = max(now - self.last, elapsed) if self.last is not None else elapsed
         decay = math.exp(-span / self.window_s)
-        for priority in self.busy:
-            self.busy[priority] = self.busy[priority] * decay + seconds.get(priority, 0.0)
+        for key in self.busy.keys() | seconds.keys():
+            self.busy[key] = self.busy.get(key, 0.0) * decay + seconds.get(key, 0.0)
         self.total = self.total * decay + span
         self.last = now
 
-    def share(self, priority: Priority, now: float) -> float:
+    def share(self, key: K, now: float) -> float:
         if self.last is None:
             return 0.0
         idle = max(0.0, now - self.last)
         total = self.total * math.exp(-idle / self.window_s) + idle
-        busy = self.busy[priority] * math.exp(-idle / self.window_s)
+        busy = self.busy.get(key, 0.0) * math.exp(-idle / self.window_s)
         return busy / total if total > 0 else 0.0
 
 
@@ -128,7 +133,10 @@ class Policy(ABC):
         self.kv = KvCache(config.kv_blocks, config.block_size)
         self.requests: dict[str, Request] = {}
         self.running: dict[str, Request] = {}  # LLM sequences holding KV, in admission order
-        self.share = DeviceShare(config.share_window_s)
+        self.share: DeviceShare[Priority] = DeviceShare(config.share_window_s)
+        # (deadline, tie, request): waiting requests that must have started by then (rule 9).
+        self._deadlines: list[tuple[float, int, Request]] = []
+        self._tie = itertools.count()
 
     # --- what subclasses decide -------------------------------------------------------------
 
@@ -152,6 +160,10 @@ class Policy(ABC):
     def waiting_count(self, priority: Priority | None = None) -> int:
         """Requests waiting (not running), of one class or of all."""
 
+    def capacity_tokens(self, priority: Priority) -> int:
+        """The most KV positions (prompt + output) one request of this class may hold."""
+        return self.kv.capacity_tokens
+
     def _admission_refusal(self, request: Request, now: float) -> Admission | None:
         """A reason to refuse the request at once, or None to accept it (rule 9)."""
         return None
@@ -159,7 +171,7 @@ class Policy(ABC):
     def _charge(self, request: Request, tokens: float) -> None:  # noqa: B027
         """Account service to a request's client (fairness); the baseline keeps no counters."""
 
-    def _account(self, plan: StepPlan, seconds: dict[Priority, float]) -> None:  # noqa: B027
+    def _account(self, plan: StepPlan, seconds: dict[Priority, float], now: float) -> None:  # noqa: B027
         """Hook for a policy that keeps its own record of where device time went."""
 
     # --- the shared contract ----------------------------------------------------------------
@@ -167,14 +179,34 @@ class Policy(ABC):
     def add(self, request: Request, now: float) -> Admission:
         """Admit a request to its queue, or refuse it with a reason."""
         if request.id in self.requests:
-            return Admission(False, f"duplicate request id {request.id!r}")
-        refusal = self._admission_refusal(request, now)
+            return Admission(False, f"duplicate request id {request.id!r}", retryable=False)
+        refusal = self._never_fits(request) or self._admission_refusal(request, now)
         if refusal is not None:
             return refusal
         request.status = Status.WAITING
+        request.order = next(self._tie)
         self.requests[request.id] = request
         self._enqueue(request, now)
+        if request.deadline_s is not None:
+            deadline = request.arrival + request.deadline_s
+            heapq.heappush(self._deadlines, (deadline, next(self._tie), request))
         return Admission(True)
+
+    def _never_fits(self, request: Request) -> Admission | None:
+        """Rules 5 and 9: a turn whose prompt and reply cannot fit its class's share of the KV
+        cache would wait forever; it is refused at once, and retrying cannot help."""
+        if request.kind is not Kind.LLM:
+            return None
+        capacity = self.capacity_tokens(request.priority)
+        needed = request.prompt_tokens + max(request.max_tokens, 1)
+        if needed <= capacity:
+            return None
+        return Admission(
+            False,
+            f"{request.prompt_tokens} prompt tokens and up to {request.max_tokens} reply tokens "
+            f"do not fit the {capacity} tokens a {request.priority.label} request may hold",
+            retryable=False,
+        )
 
     def cancel(self, request_id: str, now: float) -> bool:
         """Drop a request wherever it is; a running sequence's KV is freed at once."""
@@ -186,15 +218,27 @@ class Policy(ABC):
         self._retire(request, Status.CANCELLED, now)
         return True
 
+    def expire(self, now: float) -> list[Request]:
+        """Rule 9: drop waiting requests whose deadline for starting has passed, and return them
+        (the caller tells their clients at once instead of letting them wait on)."""
+        expired: list[Request] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, request = heapq.heappop(self._deadlines)
+            live = self.requests.get(request.id) is request
+            if live and request.status is Status.WAITING and request.first_scheduled is None:
+                self.cancel(request.id, now)
+                expired.append(request)
+        return expired
+
     def has_work(self) -> bool:
         return bool(self.requests)
 
     def update_from_output(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
         """Apply one step's results; returns the requests that finished with it."""
-        self.cost.observe(plan.kind, plan.predicted_s, result.elapsed_s)
+        self.cost.observe(plan, result.elapsed_s)
         seconds = class_seconds(plan, result.elapsed_s)
         self.share.record(seconds, now)
-        self._account(plan, seconds)
+        self._account(plan, seconds, now)
         outputs = {o.request_id: o for o in result.outputs}
         finished: list[Request] = []
         if isinstance(plan, LlmPlan):
@@ -246,31 +290,53 @@ class Policy(ABC):
         self.running.pop(request.id, None)
         request.status = Status.WAITING
         request.computed_tokens = 0
+        request.cached_tokens = 0  # the engine drops its cached prefix with the cells
         request.preemptions += 1
         self._requeue_preempted(request)
+
+    def _victims(
+        self, request: Request, batch: IterationBuilder, may_evict: Callable[[Request], bool]
+    ) -> list[Request]:
+        """Running sequences `request` may preempt, the first to go first: least urgent, then
+        newest (vLLM's order). Never one already in this iteration."""
+        victims = [
+            r
+            for r in self.running.values()
+            if r.id not in batch.scheduled and r is not request and may_evict(r)
+        ]
+        victims.sort(key=lambda r: (r.priority, r.order), reverse=True)
+        return victims
 
     def _make_room(
         self,
         request: Request,
-        tokens: int,
+        positions: int,
         batch: IterationBuilder,
         preempted: list[str],
         may_evict: Callable[[Request], bool],
+        must_free: Request | None = None,
     ) -> bool:
-        """Get KV for `tokens` positions of `request`, preempting running sequences if needed.
+        """Get KV for `positions` of `request`, preempting running sequences if needed
+        (`must_free` goes in any case: the sequence slot it holds is needed).
 
-        Victims are running sequences not yet in this iteration that `may_evict` allows: the
-        least urgent and newest first (vLLM's order).
+        Nothing is preempted unless the victims together free enough: a failed attempt leaves
+        the state as it was.
         """
-        while self.kv.extra_blocks(request.id, tokens) > self.kv.free_blocks:
-            victims = [
-                r
-                for r in self.running.values()
-                if r.id not in batch.scheduled and r.id != request.id and may_evict(r)
-            ]
-            if not victims:
-                return False
-            victim = max(victims, key=lambda r: (r.priority, r.arrival, r.id))
+        tokens = request.kv_tokens(positions)
+        missing = self.kv.extra_blocks(request.id, tokens) - self.kv.free_blocks
+        chosen: list[Request] = []
+        if must_free is not None:
+            chosen.append(must_free)
+            missing -= self.kv.held.get(must_free.id, 0)
+        for victim in self._victims(request, batch, may_evict):
+            if missing <= 0:
+                break
+            if victim is not must_free:
+                chosen.append(victim)
+                missing -= self.kv.held.get(victim.id, 0)
+        if missing > 0:
+            return False
+        for victim in chosen:
             self._preempt(victim)
             preempted.append(victim.id)
         self.kv.grow(request.id, tokens)

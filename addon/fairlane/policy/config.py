@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from fairlane.policy.request import Priority
@@ -30,8 +31,14 @@ def _per_class(voice: float, chat: float, background: float) -> dict[Priority, f
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    # Rule 2: no background step may be predicted to run longer than this.
+    # Rule 2: no background step may be predicted to run longer than this while interactive
+    # work is running or expected.
     slice_ms: float = 50.0
+    # Rules 2 and 4: with no interactive work running or expected, a background step may grow,
+    # and an interactive prefill step may always run, up to this fraction of the tightest
+    # interactive first-output target (TTFT or STT): an arrival that waits for such a step
+    # still meets its own target.
+    arrival_wait_fraction: float = 0.5
     # Rules 4 and 5: what one LLM iteration may carry, and how many sequences may hold KV.
     max_batch_tokens: int = 2048
     max_num_seqs: int = 32
@@ -71,6 +78,32 @@ class PolicyConfig:
     @property
     def slice_s(self) -> float:
         return self.slice_ms / 1000.0
+
+    @property
+    def arrival_wait_s(self) -> float:
+        """The longest step an interactive arrival can wait for and still meet its target."""
+        targets = [
+            ms
+            for p in Priority
+            if p.interactive
+            for ms in (self.slo[p].ttft_ms, self.slo[p].stt_ms)
+            if ms is not None
+        ]
+        if not targets:
+            return self.slice_s
+        return max(self.slice_s, self.arrival_wait_fraction * min(targets) / 1000.0)
+
+    @property
+    def kv_reserve_blocks(self) -> int:
+        """Rule 5: KV blocks a background sequence may not take (the watermark)."""
+        return math.ceil(self.kv_watermark * self.kv_blocks)
+
+    def capacity_tokens(self, priority: Priority) -> int:
+        """The most KV positions (prompt + output) one request of this class may hold."""
+        blocks = self.kv_blocks
+        if not priority.interactive:
+            blocks -= self.kv_reserve_blocks
+        return blocks * self.block_size
 
     def itl_budget_s(self, priority: Priority) -> float | None:
         """The iteration time a decode of this class can bear, or None without a target."""

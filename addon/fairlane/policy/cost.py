@@ -2,8 +2,10 @@
 
 Linear in the quantities that dominate each engine (Sarathi-Serve and vLLM's own profiling use the
 same shape): an LLM iteration pays a fixed launch/weight-read cost, a cost per prefill token, a
-cost per decoding sequence and a cost per KV position attended to. The real engines feed measured
-step times back through `observe()`, so predictions converge to this machine's numbers.
+cost per decoding sequence and a cost per KV position attended to. A profile gives each term's
+starting value; the real engines feed measured step times back through `observe()`, and a
+recursive least-squares fit learns one multiplier per term, so a device whose prefill is slower
+but whose decode is faster than the profile says is learned term by term, not as one average.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from fairlane.policy.plan import EmbedPlan, LlmPlan, StepPlan
 from fairlane.policy.request import Kind
 
 
@@ -45,31 +48,107 @@ class CostProfile:
 
 
 @dataclass
+class OnlineFit:
+    """Recursive least squares for the multipliers of a step's cost terms, with forgetting.
+
+    Each observation is divided by its own size, so the fit minimises relative error: a 2 s
+    prefill step and a 20 ms decode step count alike. A term that no recent step exercised keeps
+    its value (its variance is capped, so it cannot wind up while unobserved).
+    """
+
+    size: int
+    forget: float = 0.98
+    prior_var: float = 100.0  # of a multiplier, relative to the noise of one relative error
+    weights: list[float] = field(default_factory=list)
+    cov: list[list[float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.weights = [1.0] * self.size
+        self.cov = [
+            [self.prior_var if i == j else 0.0 for j in range(self.size)] for i in range(self.size)
+        ]
+
+    def update(self, terms: tuple[float, ...], measured: float) -> None:
+        scale = max(measured, 1e-3)
+        x = [t / scale for t in terms]
+        y = measured / scale
+        px = [sum(row[j] * x[j] for j in range(self.size)) for row in self.cov]
+        denom = self.forget + sum(x[i] * px[i] for i in range(self.size))
+        gain = [v / denom for v in px]
+        error = y - sum(w * v for w, v in zip(self.weights, x, strict=True))
+        self.weights = [
+            min(max(w + g * error, MIN_WEIGHT), MAX_WEIGHT)
+            for w, g in zip(self.weights, gain, strict=True)
+        ]
+        self.cov = [
+            [(self.cov[i][j] - gain[i] * px[j]) / self.forget for j in range(self.size)]
+            for i in range(self.size)
+        ]
+        for i in range(self.size):  # cap each variance (a congruence scaling keeps P valid)
+            if self.cov[i][i] > self.prior_var:
+                shrink = math.sqrt(self.prior_var / self.cov[i][i])
+                for j in range(self.size):
+                    self.cov[i][j] *= shrink
+                    self.cov[j][i] *= shrink
+
+
+MIN_WEIGHT, MAX_WEIGHT = 0.05, 20.0
+TERMS: dict[Kind, tuple[str, ...]] = {
+    Kind.LLM: ("base", "prefill_token", "decode_seq", "context_token"),
+    Kind.EMBED: ("base", "token"),
+    Kind.STT: ("base", "utterance", "audio_s"),
+}
+
+
+@dataclass
 class CostModel:
-    """Predicts step times from a profile, corrected online by measured/predicted ratios."""
+    """Predicts step times from a profile, each term corrected online from measured steps."""
 
     profile: CostProfile
-    smoothing: float = 0.2  # weight of each new observation in the correction factor
-    correction: dict[Kind, float] = field(default_factory=lambda: dict.fromkeys(Kind, 1.0))
+    fits: dict[Kind, OnlineFit] = field(
+        default_factory=lambda: {k: OnlineFit(len(names)) for k, names in TERMS.items()}
+    )
+
+    # --- each engine's terms, in milliseconds as the profile states them --------------------
+
+    def _llm_terms(self, prefill: int, decodes: int, context: int) -> tuple[float, ...]:
+        c = self.profile.llm
+        return (
+            c.base_ms,
+            c.prefill_token_ms * prefill,
+            c.decode_seq_ms * decodes,
+            c.context_token_us * context / 1000.0,
+        )
+
+    def _embed_terms(self, padded_tokens: int) -> tuple[float, ...]:
+        return (self.profile.embed.base_ms, self.profile.embed.token_ms * padded_tokens)
+
+    def _stt_terms(self, utterances: int, audio_s: float) -> tuple[float, ...]:
+        c = self.profile.stt
+        return (c.base_ms, c.utterance_ms * utterances, c.audio_s_ms * audio_s)
+
+    def _seconds(self, kind: Kind, terms: tuple[float, ...]) -> float:
+        weights = self.fits[kind].weights
+        return sum(w * t for w, t in zip(weights, terms, strict=True)) / 1000.0
+
+    # --- predictions ---------------------------------------------------------------------------
 
     def llm_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        c = self.profile.llm
-        ms = (
-            c.base_ms
-            + c.prefill_token_ms * prefill_tokens
-            + c.decode_seq_ms * decode_seqs
-            + c.context_token_us * context_tokens / 1000.0
-        )
-        return ms / 1000.0 * self.correction[Kind.LLM]
+        return self._seconds(Kind.LLM, self._llm_terms(prefill_tokens, decode_seqs, context_tokens))
 
     def embed_s(self, padded_tokens: int) -> float:
-        c = self.profile.embed
-        return (c.base_ms + c.token_ms * padded_tokens) / 1000.0 * self.correction[Kind.EMBED]
+        return self._seconds(Kind.EMBED, self._embed_terms(padded_tokens))
 
     def stt_s(self, utterances: int, audio_s: float) -> float:
-        c = self.profile.stt
-        ms = c.base_ms + c.utterance_ms * utterances + c.audio_s_ms * audio_s
-        return ms / 1000.0 * self.correction[Kind.STT]
+        return self._seconds(Kind.STT, self._stt_terms(utterances, audio_s))
+
+    def plan_s(self, plan: StepPlan) -> float:
+        """What a plan of this shape costs on this device."""
+        if isinstance(plan, LlmPlan):
+            return self.llm_s(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens)
+        if isinstance(plan, EmbedPlan):
+            return self.embed_s(plan.padded_tokens)
+        return self.stt_s(len(plan.request_ids), plan.audio_s)
 
     def fixed_s(self, kind: Kind) -> float:
         """The part of a step's cost that batching shares (what a batch window can save)."""
@@ -78,34 +157,46 @@ class CostModel:
             Kind.EMBED: self.profile.embed.base_ms,
             Kind.STT: self.profile.stt.base_ms,
         }[kind]
-        return base / 1000.0 * self.correction[kind]
+        return base * self.fits[kind].weights[0] / 1000.0
 
     def prefill_tokens_within(
         self, budget_s: float, prefill_tokens: int, decode_seqs: int, context_tokens: int
     ) -> int:
         """The most extra prefill tokens an iteration can carry and still finish in `budget_s`."""
         spare_s = budget_s - self.llm_s(prefill_tokens, decode_seqs, context_tokens)
-        per_token_s = (
-            (self.profile.llm.prefill_token_ms + self.profile.llm.context_token_us / 1000.0)
-            / 1000.0
-            * self.correction[Kind.LLM]
-        )
+        w = self.fits[Kind.LLM].weights
+        c = self.profile.llm
+        per_token_s = (w[1] * c.prefill_token_ms + w[3] * c.context_token_us / 1000.0) / 1000.0
         if spare_s <= 0 or per_token_s <= 0:
             return 0
         return math.floor(spare_s / per_token_s)
 
     def embed_tokens_within(self, budget_s: float) -> int:
         """The most padded tokens one embedding micro-batch can hold within `budget_s`."""
+        w = self.fits[Kind.EMBED].weights
         c = self.profile.embed
-        spare_ms = budget_s * 1000.0 / self.correction[Kind.EMBED] - c.base_ms
+        spare_ms = budget_s * 1000.0 - w[0] * c.base_ms
         if spare_ms <= 0 or c.token_ms <= 0:
             return 0
-        return math.floor(spare_ms / c.token_ms)
+        return math.floor(spare_ms / (w[1] * c.token_ms))
 
-    def observe(self, kind: Kind, predicted_s: float, measured_s: float) -> None:
-        """Fold a measured step time into the correction factor for its engine."""
-        if predicted_s <= 0 or measured_s <= 0:
+    # --- learning ------------------------------------------------------------------------------
+
+    def observe(self, plan: StepPlan, measured_s: float) -> None:
+        """Fold a measured step time into the fit of its engine's terms."""
+        if measured_s <= 0:
             return
-        uncorrected = predicted_s / self.correction[kind]
-        ratio = min(max(measured_s / uncorrected, 0.05), 20.0)
-        self.correction[kind] += self.smoothing * (ratio - self.correction[kind])
+        if isinstance(plan, LlmPlan):
+            terms = self._llm_terms(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens)
+        elif isinstance(plan, EmbedPlan):
+            terms = self._embed_terms(plan.padded_tokens)
+        else:
+            terms = self._stt_terms(len(plan.request_ids), plan.audio_s)
+        self.fits[plan.kind].update(terms, measured_s * 1000.0)
+
+    def weights(self) -> dict[str, dict[str, float]]:
+        """Each engine's learned multiplier per profile term (1.0: as the profile says)."""
+        return {
+            kind.value: {n: round(w, 3) for n, w in zip(TERMS[kind], fit.weights, strict=True)}
+            for kind, fit in self.fits.items()
+        }

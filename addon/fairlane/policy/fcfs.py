@@ -9,11 +9,12 @@ default behaviour, not a strawman that runs one request at a time.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from fairlane.policy.base import IterationBuilder, Policy
 from fairlane.policy.config import PolicyConfig
 from fairlane.policy.cost import CostModel
-from fairlane.policy.plan import Admission, EmbedPlan, IdlePlan, Plan, SttPlan
+from fairlane.policy.plan import EmbedPlan, IdlePlan, Plan, SttPlan
 from fairlane.policy.request import Kind, Priority, Request, Status
 
 
@@ -39,11 +40,6 @@ class FcfsScheduler(Policy):
 
     def waiting_count(self, priority: Priority | None = None) -> int:
         return sum(1 for q in self.queues.values() for r in q if priority in (None, r.priority))
-
-    def _admission_refusal(self, request: Request, now: float) -> Admission | None:
-        if self.kv.blocks_for(request.prompt_tokens + 1) > self.kv.num_blocks:
-            return Admission(False, "prompt does not fit the KV cache")
-        return None
 
     def schedule(self, now: float) -> Plan:
         """The engine whose oldest request (waiting or running) arrived first runs next."""
@@ -85,28 +81,35 @@ class FcfsScheduler(Policy):
         """All running sequences advance; waiting prompts join whole, in arrival order."""
         batch = IterationBuilder(self.cost, self.config.max_batch_tokens, self.config.max_num_seqs)
         preempted: list[str] = []
-        for request in sorted(self.running.values(), key=lambda r: r.arrival):
+        for request in sorted(self.running.values(), key=lambda r: r.order):
             if request.status is not Status.RUNNING or len(batch.chunks) >= batch.max_seqs:
                 continue
             tokens = request.remaining_prefill
             # Without classes the newest running sequence yields, whatever it is.
             total = request.computed_tokens + tokens
-            if self._make_room(request, total, batch, preempted, lambda other: True):
+            if self._make_room(request, total, batch, preempted, _newer_than(request)):
                 batch.add(request, tokens)
         queue = self.queues[Kind.LLM]
         while queue and len(self.running) < self.config.max_num_seqs:
             request = queue[0]
+            if request.id in preempted:
+                break  # preempted for room in this very iteration: it waits for the next
             tokens = request.remaining_prefill
             # No chunking: a prompt joins whole, and the first one joins even when it is larger
             # than the token budget (a server without chunked prefill has no other choice).
             if batch.prefill and tokens > batch.token_room:
                 break
-            if not self.kv.can_hold(request.id, tokens):
+            held = request.kv_tokens(request.target_tokens)
+            if not self.kv.can_hold(request.id, held):
                 break
             queue.popleft()
             self._start(request, now)
-            self.kv.grow(request.id, tokens)
+            self.kv.grow(request.id, held)
             batch.add(request, tokens)
         if not batch.chunks:
             return IdlePlan(reason="waiting for KV space")
         return batch.plan(preempted)
+
+
+def _newer_than(request: Request) -> Callable[[Request], bool]:
+    return lambda other: other.order > request.order

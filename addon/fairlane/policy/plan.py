@@ -110,8 +110,13 @@ class StepResult:
 
 @dataclass(frozen=True)
 class Admission:
-    """The answer to `add()`: accepted, or refused at once with a reason a person can read."""
+    """The answer to `add()`: accepted, or refused at once with a reason a person can read.
+
+    `retryable` tells the client whether the same request may succeed later (a full queue, a
+    deadline the backlog cannot meet: HTTP 429) or never will (too large: HTTP 400).
+    """
 
     accepted: bool
     reason: str = ""
     predicted_wait_s: float = 0.0
+    retryable: bool = True

@@ -50,9 +50,10 @@ class Status(Enum):
     CANCELLED = "cancelled"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Request:
-    """One schedulable unit of work and its progress."""
+    """One schedulable unit of work and its progress (compared by identity: queues find and
+    drop a request without comparing its fields)."""
 
     id: str
     kind: Kind
@@ -67,8 +68,14 @@ class Request:
     deadline_s: float | None = None
 
     status: Status = Status.WAITING
+    # Admission order, set by the policy: "newer" among requests that arrived together.
+    order: int = 0
     # Tokens whose KV is in the cache. Preemption resets it to 0 (resume by recomputation).
     computed_tokens: int = 0
+    # Leading prompt tokens whose KV the engine shares from its prefix cache: they live in the
+    # cache's own budget (the engine keeps the entry while this request uses it), so this
+    # request's KV blocks hold only the positions after them. Preemption resets it to 0.
+    cached_tokens: int = 0
     output_tokens: int = 0
     preemptions: int = 0
     first_scheduled: float | None = None
@@ -94,6 +101,10 @@ class Request:
     def is_decode(self) -> bool:
         """One token to feed: the step is a decode, not a prefill chunk."""
         return self.output_tokens > 0 and self.remaining_prefill == 1
+
+    def kv_tokens(self, positions: int) -> int:
+        """KV positions this request must hold itself to have `positions` in the cache."""
+        return max(0, positions - self.cached_tokens)
 
     @property
     def done(self) -> bool:

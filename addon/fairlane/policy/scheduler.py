@@ -1,32 +1,40 @@
 """Fairlane's policy: lanes with explicit priority rules (DESIGN.md §3).
 
-`schedule(now)` reads top to bottom: find the lanes with work, pick one by class (rules 1 and 8),
-maybe hold a batch window (rule 7), then fill that lane's step within its budgets (rules 2–6).
+`schedule(now)` reads top to bottom: rank the lanes that have work (rules 1 and 8), maybe hold
+a batch window when only one class is waiting (rule 7), then build the first ranked lane's step
+that can run within its budgets (rules 2–6). A lane that cannot run now (no KV, no sequence
+slot) never blocks the next one, so the device is never left idle while some work can run.
 Each rule lives in one helper whose docstring names it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fairlane.policy.base import IterationBuilder, Policy
+from fairlane.policy.base import DeviceShare, IterationBuilder, Policy
 from fairlane.policy.config import PolicyConfig
 from fairlane.policy.cost import CostModel
 from fairlane.policy.fairness import FairQueue
-from fairlane.policy.plan import Admission, EmbedPlan, IdlePlan, Plan, StepPlan, SttPlan
+from fairlane.policy.plan import Admission, EmbedPlan, IdlePlan, LlmPlan, Plan, StepPlan, SttPlan
 from fairlane.policy.request import Kind, Priority, Request, Status
 
 # Within one class the speech lane goes first (the speaker is waiting for the transcript before
 # the LLM turn can even start), then the LLM, then embeddings.
 LANE_ORDER = {Kind.STT: 0, Kind.LLM: 1, Kind.EMBED: 2}
 INTERACTIVE = (Priority.VOICE, Priority.CHAT)
+# VTC's service unit for speech: Whisper's encoder makes 50 frames per second of audio.
+STT_TOKENS_PER_AUDIO_S = 50.0
 
 
 def as_urgent(request: Request) -> Callable[[Request], bool]:
-    """A running sequence may evict sequences of its own class or a less urgent one: it never
+    """A running sequence may evict a less urgent one, or a newer one of its own class: it never
     takes KV from more urgent work, and within a class the newest yields (so no deadlock)."""
-    return lambda other: other.priority >= request.priority
+    return lambda other: (
+        other.priority > request.priority
+        or (other.priority is request.priority and other.order > request.order)
+    )
 
 
 def less_urgent(request: Request) -> Callable[[Request], bool]:
@@ -37,21 +45,25 @@ def less_urgent(request: Request) -> Callable[[Request], bool]:
 
 @dataclass
 class ArrivalRate:
-    """Smoothed gap between arrivals on one lane: the forecast that batch windows rely on."""
+    """Smoothed gap between arrivals of one lane and class inside a burst: what batch windows
+    rely on. A gap longer than the class's window is the pause between bursts, not a rate."""
 
+    window_s: float
     mean_gap: float | None = None
     last: float | None = None
 
     def observe(self, now: float) -> None:
-        if self.last is not None:
-            gap = max(0.0, now - self.last)
+        if self.last is not None and (gap := max(0.0, now - self.last)) <= self.window_s:
             self.mean_gap = gap if self.mean_gap is None else 0.7 * self.mean_gap + 0.3 * gap
         self.last = now
 
     def expected_next(self, now: float) -> float | None:
+        """When the next arrival is due; None without a forecast or when it is overdue (the
+        burst is over: waiting for it would hold the device idle for nothing)."""
         if self.mean_gap is None or self.last is None:
             return None
-        return max(now, self.last + self.mean_gap)
+        expected = self.last + self.mean_gap
+        return None if expected < now else expected
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,7 @@ class LaneChoice:
     kind: Kind
     priority: Priority
     budget_s: float | None  # a background step's time budget; None: bounded by batch limits
+    owed: bool = False  # rule 8: a background slice taken ahead of interactive work
 
 
 class FairlaneScheduler(Policy):
@@ -67,14 +80,17 @@ class FairlaneScheduler(Policy):
     def __init__(self, config: PolicyConfig, cost: CostModel) -> None:
         super().__init__(config, cost)
         self.waiting = {(k, p): FairQueue() for k in Kind for p in Priority}
-        self.arrivals = {k: ArrivalRate() for k in Kind}
-        self.lane_seconds = dict.fromkeys(Kind, 0.0)  # background device time per lane
+        self.arrivals = {
+            (k, p): ArrivalRate(config.batch_window_ms[p] / 1000.0) for k in Kind for p in Priority
+        }
+        # Background device time per lane, decayed: it rotates the background lanes (rule 8).
+        self.lane_share: DeviceShare[Kind] = DeviceShare(config.share_window_s)
 
     # --- queues ----------------------------------------------------------------------------
 
     def _enqueue(self, request: Request, now: float) -> None:
         self.waiting[request.kind, request.priority].push(request)
-        self.arrivals[request.kind].observe(now)
+        self.arrivals[request.kind, request.priority].observe(now)
 
     def _requeue_preempted(self, request: Request) -> None:
         self.waiting[request.kind, request.priority].push_front(request)
@@ -89,59 +105,86 @@ class FairlaneScheduler(Policy):
         self.waiting[request.kind, request.priority].charge(request.client, tokens)
 
     def _dispatch(self, request: Request, now: float) -> None:
-        """A waiting request's first step: VTC charges its input once, not on recompute."""
+        """A waiting request's first step: it leaves its queue (the VTC floor moves to its
+        client) and VTC charges its input once, not on recompute."""
+        charge = 0.0
         if not request.charged_input:
             request.charged_input = True
-            self._charge(request, request.prompt_tokens * self.config.vtc_input_weight)
+            size = max(request.prompt_tokens, request.audio_s * STT_TOKENS_PER_AUDIO_S)
+            charge = size * self.config.vtc_input_weight
+        self.waiting[request.kind, request.priority].take(request, charge)
         self._start(request, now)
+
+    def capacity_tokens(self, priority: Priority) -> int:
+        return self.config.capacity_tokens(priority)
 
     # --- the step ----------------------------------------------------------------------------
 
     def schedule(self, now: float) -> Plan:
         """Decide the next device step."""
-        pending = self._pending_lanes()
-        if not pending:
+        choices = self._lane_choices(now)
+        if not choices:
             return IdlePlan()
-        choice = self._pick_lane(pending, now)
-        if len(pending) == 1:
-            hold = self._hold_window(choice, now)
+        if len(self._ready_queues()) == 1 and not self.running:
+            hold = self._hold_window(choices[0], now)
             if hold is not None:
                 return hold
+        for choice in choices:
+            plan = self._plan(choice, now)
+            if plan is not None:
+                return plan
+        # Admission guarantees every request fits alone, so some lane can always run.
+        raise RuntimeError("no lane can run although work is waiting")
+
+    def _plan(self, choice: LaneChoice, now: float) -> StepPlan | None:
         if choice.kind is Kind.STT:
             return self._plan_stt(choice, now)
         if choice.kind is Kind.EMBED:
             return self._plan_embed(choice, now)
-        return self._plan_llm(now, background_owed=choice.priority is Priority.BACKGROUND)
+        return self._plan_llm(choice, now)
+
+    def _ready_queues(self) -> list[tuple[Kind, Priority]]:
+        return [key for key, queue in self.waiting.items() if len(queue)]
 
     def _pending_lanes(self) -> dict[Kind, Priority]:
         """Each lane with work, mapped to the most urgent class waiting or running on it."""
         pending: dict[Kind, Priority] = {}
-        for (kind, priority), queue in self.waiting.items():
-            if len(queue) and (kind not in pending or priority < pending[kind]):
+        for kind, priority in self._ready_queues():
+            if kind not in pending or priority < pending[kind]:
                 pending[kind] = priority
         for request in self.running.values():
             if Kind.LLM not in pending or request.priority < pending[Kind.LLM]:
                 pending[Kind.LLM] = request.priority
         return pending
 
-    def _pick_lane(self, pending: dict[Kind, Priority], now: float) -> LaneChoice:
-        """Rules 1 and 8: the most urgent class decides, unless background is owed its share.
+    def _lane_choices(self, now: float) -> list[LaneChoice]:
+        """Rules 1 and 8: the lanes in the order they should get the device.
 
-        Background is owed a slice when its oldest work has waited `background_max_wait_s` and its
-        recent device share is below `background_min_share`. It also gets the slack an
-        interactive stream leaves: the time before the next decode of that stream is due.
+        Background owed its share (rule 8) comes first, its lanes by least recent device time;
+        then an embedding step that fits the slack before the next interactive decode is due;
+        then every lane by its most urgent class, speech before the LLM before embeddings.
         """
-        kind, priority = min(pending.items(), key=lambda kv: (kv[1], LANE_ORDER[kv[0]]))
+        pending = self._pending_lanes()
+        if not pending:
+            return []
+        ranked = sorted(pending.items(), key=lambda kv: (kv[1], LANE_ORDER[kv[0]]))
         background = self._background_lanes()
-        if priority is Priority.BACKGROUND or (background and self._background_owed(now)):
-            # Between background lanes, the one that has had less device time goes next.
-            lane = min(background, key=lambda k: (self.lane_seconds[k], LANE_ORDER[k]))
-            return LaneChoice(lane, Priority.BACKGROUND, self.config.slice_s)
-        if kind is Kind.LLM and Kind.EMBED in background:
+        choices: list[LaneChoice] = []
+        if background and ranked[0][1].interactive and self._background_owed(now):
+            for lane in sorted(background, key=lambda k: (self.lane_share.share(k, now), k.value)):
+                choices.append(LaneChoice(lane, Priority.BACKGROUND, self.config.slice_s, True))
+        kind, priority = ranked[0]
+        if kind is Kind.LLM and priority.interactive and Kind.EMBED in background:
             slack = self._decode_slack(now)
             if slack is not None and slack > self.cost.embed_s(self.config.min_prefill_chunk):
-                return LaneChoice(Kind.EMBED, Priority.BACKGROUND, min(slack, self.config.slice_s))
-        return LaneChoice(kind, priority, None)
+                choices.append(
+                    LaneChoice(Kind.EMBED, Priority.BACKGROUND, min(slack, self.config.slice_s))
+                )
+        background_budget = self._background_budget(now)
+        for kind, priority in ranked:
+            budget = None if priority.interactive else background_budget
+            choices.append(LaneChoice(kind, priority, budget))
+        return choices
 
     def _background_lanes(self) -> list[Kind]:
         lanes = [k for k in Kind if len(self.waiting[k, Priority.BACKGROUND])]
@@ -162,6 +205,27 @@ class FairlaneScheduler(Policy):
         if not arrivals or now - min(arrivals) < self.config.background_max_wait_s:
             return False
         return self.share.share(Priority.BACKGROUND, now) < self.config.background_min_share
+
+    def _background_budget(self, now: float) -> float:
+        """Rules 2 and 14: how long a background step may run.
+
+        `slice_ms` while interactive work is running, waiting or forecast; with none of that
+        the step may grow to `arrival_wait_s` (the longest step an interactive arrival can wait
+        for and still meet its target), so background work runs in efficient batches when
+        nobody is talking.
+        """
+        quiet_until = now + self.config.arrival_wait_s
+        interactive_busy = any(r.priority.interactive for r in self.running.values()) or any(
+            len(q) for (_, p), q in self.waiting.items() if p.interactive
+        )
+        forecast = any(
+            (expected := rate.expected_next(now)) is not None and expected <= quiet_until
+            for (_, p), rate in self.arrivals.items()
+            if p.interactive
+        )
+        if interactive_busy or forecast:
+            return self.config.slice_s
+        return self.config.arrival_wait_s
 
     def _decode_slack(self, now: float) -> float | None:
         """Seconds a background step may take before the next interactive decode is due.
@@ -189,9 +253,12 @@ class FairlaneScheduler(Policy):
     def _hold_window(self, choice: LaneChoice, now: float) -> IdlePlan | None:
         """Rule 7: a batching lane waits for more work only when waiting is predicted to pay.
 
-        It pays when the device is otherwise idle (the caller checks), the next arrival is
-        forecast inside the class window, and the fixed step cost it would share is larger than
-        the wait it adds to the requests already queued.
+        It pays when the device is otherwise idle (the caller checks that this lane and class
+        is the only work), the next arrival of the same lane and class is forecast inside the
+        class window, and the fixed step cost the newcomer would share is larger than what
+        holding adds: the wait, for the n queued and the newcomer, and the newcomer's own share
+        of the batch, for the n queued. (Total time to result falls when
+        (n + 1) · wait + n · per-item cost < fixed cost.)
         """
         if choice.kind is Kind.LLM:
             return None  # sequences join a running LLM batch between iterations anyway
@@ -204,16 +271,31 @@ class FairlaneScheduler(Policy):
         if oldest is None or window_s <= 0 or len(queue) >= max_batch:
             return None
         close = oldest + window_s
-        expected = self.arrivals[choice.kind].expected_next(now)
-        if now >= close or expected is None or expected > close:
+        expected = self.arrivals[choice.kind, choice.priority].expected_next(now)
+        if now >= close or expected is None or not now < expected <= close:
             return None
-        if (expected - now) * len(queue) >= self.cost.fixed_s(choice.kind):
+        waiting = list(queue)
+        if choice.kind is Kind.STT:
+            audio = sum(r.audio_s for r in waiting)
+            mean = audio / len(waiting)
+            per_item = self.cost.stt_s(len(waiting) + 1, audio + mean) - self.cost.stt_s(
+                len(waiting), audio
+            )
+        else:
+            longest = max(r.prompt_tokens for r in waiting)
+            per_item = self.cost.embed_s(longest * (len(waiting) + 1)) - self.cost.embed_s(
+                longest * len(waiting)
+            )
+        added = (len(waiting) + 1) * (expected - now) + len(waiting) * per_item
+        if added >= self.cost.fixed_s(choice.kind):
             return None
-        return IdlePlan(wake_at=close, reason="batch window")
+        # Wake when the arrival is due: if it has not come by then, the forecast is overdue
+        # and the queue runs without it.
+        return IdlePlan(wake_at=min(close, expected), reason="batch window")
 
     # --- speech and embedding steps ----------------------------------------------------------
 
-    def _plan_stt(self, choice: LaneChoice, now: float) -> SttPlan:
+    def _plan_stt(self, choice: LaneChoice, now: float) -> SttPlan | None:
         """One batch of utterances of one class; a background batch stays within its slice."""
         queue = self.waiting[Kind.STT, choice.priority]
         taken: list[Request] = []
@@ -222,10 +304,11 @@ class FairlaneScheduler(Policy):
             cost = self.cost.stt_s(len(taken) + 1, audio_s + request.audio_s)
             if taken and choice.budget_s is not None and cost > choice.budget_s:
                 break
-            queue.pop()
             self._dispatch(request, now)
             taken.append(request)
             audio_s += request.audio_s
+        if not taken:
+            return None
         return SttPlan(
             request_ids=tuple(r.id for r in taken),
             priority=choice.priority,
@@ -233,7 +316,7 @@ class FairlaneScheduler(Policy):
             predicted_s=self.cost.stt_s(len(taken), audio_s),
         )
 
-    def _plan_embed(self, choice: LaneChoice, now: float) -> EmbedPlan:
+    def _plan_embed(self, choice: LaneChoice, now: float) -> EmbedPlan | None:
         """One micro-batch in a padded-token budget (rule 2), texts of similar length together.
 
         The head of the fair queue always goes; the rest are picked from the next few in service
@@ -245,6 +328,8 @@ class FairlaneScheduler(Policy):
         if choice.budget_s is not None:
             token_budget = min(token_budget, self.cost.embed_tokens_within(choice.budget_s))
         candidates = queue.in_service_order(4 * cfg.embed_max_batch)
+        if not candidates:
+            return None
         head = candidates[0]
         candidates.sort(key=lambda r: (abs(r.prompt_tokens - head.prompt_tokens), r.arrival))
         batch: list[Request] = []
@@ -258,7 +343,6 @@ class FairlaneScheduler(Policy):
             batch.append(request)
             longest = max(longest, request.prompt_tokens)
         for request in batch:
-            queue.remove(request)
             self._dispatch(request, now)
         batch.sort(key=lambda r: r.prompt_tokens)
         return EmbedPlan(
@@ -270,48 +354,64 @@ class FairlaneScheduler(Policy):
 
     # --- the LLM iteration -------------------------------------------------------------------
 
-    def _plan_llm(self, now: float, background_owed: bool) -> Plan:
-        """Rules 3–5: running decodes, then prefill chunks, within token, time and KV budgets."""
+    def _plan_llm(self, choice: LaneChoice, now: float) -> LlmPlan | None:
+        """Rules 3–5: running decodes, then prefill chunks, within token, time and KV budgets.
+
+        A step owed to background (rule 8) carries background work and the interactive decodes
+        (they never miss a token), but no interactive prompt: it is background's slice.
+        """
         batch = IterationBuilder(self.cost, self.config.max_batch_tokens, self.config.max_num_seqs)
         preempted: list[str] = []
+        if choice.owed:
+            decodes = [r for r in self._by_urgency(interactive=True) if r.is_decode]
+            decode_cost = self.cost.llm_s(0, len(decodes), 0) - self.cost.llm_s(0, 0, 0)
+            self._schedule_background(batch, preempted, self.config.slice_s - decode_cost, now)
+            if not batch.chunks:
+                return None  # background cannot run on this lane now: the next lane may
+            self._schedule_interactive_decodes(batch, preempted)
+            return batch.plan(preempted)
         self._schedule_interactive_decodes(batch, preempted)
-        itl_limits = self._itl_limits(batch)
+        itl_limits = self._itl_limits(batch, now)
         self._schedule_interactive_prefills(batch, preempted, itl_limits, now)
         # Background rides along only in an iteration that carries no interactive prompt (its
-        # TTFT is running) and only while the iteration keeps every interactive ITL target and
-        # the slice; when background is owed its share (rule 8), only the slice bounds it.
+        # TTFT is running) and only while the iteration still delivers every interactive token
+        # when it is due; with no interactive work, the lane's budget bounds it.
         carries_prompt = any(c.priority.interactive and not c.decode for c in batch.chunks)
-        if background_owed or not carries_prompt:
-            limit_s = self.config.slice_s
-            itl_limit = itl_limits[Priority.BACKGROUND]
-            if not background_owed and itl_limit is not None:
-                limit_s = min(limit_s, itl_limit)
+        if not carries_prompt:
+            limit_s = _min(itl_limits[Priority.BACKGROUND], choice.budget_s or self.config.slice_s)
             self._schedule_background(batch, preempted, limit_s, now)
         if not batch.chunks:
-            return IdlePlan(reason="waiting for KV space")
+            return None
         return batch.plan(preempted)
 
-    def _itl_limits(self, batch: IterationBuilder) -> dict[Priority, float | None]:
-        """For each class, the tightest ITL budget among decodes of that class or a more urgent one.
+    def _itl_limits(self, batch: IterationBuilder, now: float) -> dict[Priority, float | None]:
+        """For each class, how long this iteration may run and still deliver, on time, the next
+        token of every decode of that class or a more urgent one (rule 4).
 
-        A prefill chunk of class C must keep the ITL of decodes of C and of classes above C; it
-        may slow decodes of less urgent classes.
+        The time is counted from each stream's last token, not from now: time already spent
+        since then (an embedding step in the slack) is not spent twice.
         """
+        remaining: dict[Priority, float] = {}
+        for chunk in batch.chunks:
+            request = self.requests[chunk.request_id]
+            budget = self.config.itl_budget_s(chunk.priority)
+            if not chunk.decode or budget is None or request.last_token_at is None:
+                continue
+            left = request.last_token_at + budget - now
+            remaining[chunk.priority] = min(remaining.get(chunk.priority, left), left)
         limits: dict[Priority, float | None] = {}
         tightest: float | None = None
         for priority in Priority:
-            for chunk in batch.chunks:
-                budget = self.config.itl_budget_s(priority)
-                if chunk.decode and chunk.priority is priority and budget is not None:
-                    tightest = budget if tightest is None else min(tightest, budget)
-                    break
+            if priority in remaining:
+                left = remaining[priority]
+                tightest = left if tightest is None else min(tightest, left)
             limits[priority] = tightest
         return limits
 
     def _by_urgency(self, interactive: bool) -> list[Request]:
         return sorted(
             (r for r in self.running.values() if r.priority.interactive is interactive),
-            key=lambda r: (r.priority, r.arrival),
+            key=lambda r: (r.priority, r.order),
         )
 
     def _schedule_interactive_decodes(self, batch: IterationBuilder, preempted: list[str]) -> None:
@@ -331,14 +431,21 @@ class FairlaneScheduler(Policy):
         itl_limits: dict[Priority, float | None],
         now: float,
     ) -> None:
-        """Rule 4 for interactive prompts: half-done ones first, then new ones by class and VTC."""
+        """Rule 4 for interactive prompts: half-done ones first, then new ones by class and VTC.
+
+        An interactive prompt is chunked too, to `arrival_wait_s`: a voice command that arrives
+        during a chat prompt's prefill waits for one chunk, not the whole prompt.
+        """
+        wait_s = self.config.arrival_wait_s
         for request in self._by_urgency(interactive=True):
             if request.status is Status.RUNNING and not request.is_decode:
-                self._add_prefill(request, batch, preempted, itl_limits[request.priority])
+                limit = _min(itl_limits[request.priority], wait_s)
+                self._add_prefill(request, batch, preempted, limit)
         for priority in INTERACTIVE:
             queue = self.waiting[Kind.LLM, priority]
-            while (waiting := queue.peek()) is not None and self._seq_slot_free(batch):
-                if not self._add_prefill(waiting, batch, preempted, itl_limits[priority], now):
+            limit = _min(itl_limits[priority], wait_s)
+            while (waiting := queue.peek()) is not None and waiting.id not in preempted:
+                if not self._add_prefill(waiting, batch, preempted, limit, now):
                     break
 
     def _schedule_background(
@@ -362,17 +469,15 @@ class FairlaneScheduler(Policy):
             if not self._add_prefill(request, batch, preempted, limit_s):
                 return
         queue = self.waiting[Kind.LLM, Priority.BACKGROUND]
-        reserve = int(self.config.kv_watermark * self.kv.num_blocks)
-        while (waiting := queue.peek()) is not None and self._seq_slot_free(batch):
-            # Rule 5: a background prompt is admitted only when all of it fits beside the
-            # watermark, so it will not be preempted by the next interactive arrival at once.
-            if not self.kv.can_hold(waiting.id, waiting.target_tokens, reserve):
+        reserve = self.config.kv_reserve_blocks
+        while (waiting := queue.peek()) is not None and waiting.id not in preempted:
+            # Rule 5: a background prompt starts only when all of it fits beside the
+            # watermark, so the next interactive arrival does not preempt it at once. (It
+            # always can eventually: admission refused any that could never fit.)
+            if not self.kv.can_hold(waiting.id, waiting.kv_tokens(waiting.target_tokens), reserve):
                 return
             if not self._add_prefill(waiting, batch, preempted, limit_s, now):
                 return
-
-    def _seq_slot_free(self, batch: IterationBuilder) -> bool:
-        return not batch.full and len(self.running) < self.config.max_num_seqs
 
     def _add_prefill(
         self,
@@ -386,7 +491,8 @@ class FairlaneScheduler(Policy):
 
         Progress is guaranteed: the first interactive prompt of an iteration, or anything in an
         otherwise empty one, gets at least `min_prefill_chunk` tokens even when the decodes
-        already fill the time budget. `now` is given for a waiting request.
+        already fill the time budget. `now` is given for a waiting request, which also needs a
+        sequence slot: an interactive one takes a background sequence's slot (rule 5).
         """
         room = batch.prefill_room(budget_s)
         if room < self.config.min_prefill_chunk:
@@ -395,78 +501,102 @@ class FairlaneScheduler(Policy):
                 return False
             room = min(self.config.min_prefill_chunk, batch.token_room)
         num_tokens = min(request.remaining_prefill, room)
-        if num_tokens <= 0:
+        if num_tokens <= 0 or (request.status is Status.WAITING and batch.full):
             return False
+        positions = request.computed_tokens + num_tokens
         if request.status is Status.WAITING:
-            # A new sequence only takes KV from strictly less urgent classes.
-            if not self._make_room(request, num_tokens, batch, preempted, less_urgent(request)):
+            # A new sequence only takes KV, or a slot, from strictly less urgent classes.
+            slot_victim: Request | None = None
+            if len(self.running) >= self.config.max_num_seqs:
+                victims = self._victims(request, batch, less_urgent(request))
+                if not victims:
+                    return False
+                slot_victim = victims[0]
+            if not self._make_room(
+                request, positions, batch, preempted, less_urgent(request), slot_victim
+            ):
                 return False
-            self.waiting[request.kind, request.priority].remove(request)
             assert now is not None
             self._dispatch(request, now)
-        else:
-            tokens = request.computed_tokens + num_tokens
-            if not self._make_room(request, tokens, batch, preempted, as_urgent(request)):
-                return False
+        elif not self._make_room(request, positions, batch, preempted, as_urgent(request)):
+            return False
         batch.add(request, num_tokens)
         return True
 
     # --- admission (rule 9) ------------------------------------------------------------------
 
     def _admission_refusal(self, request: Request, now: float) -> Admission | None:
-        """Rule 9: refuse at once what cannot be served, with a reason a person can read."""
+        """Rule 9: refuse at once what cannot be served in time, with a reason a person can
+        read. (A request too large ever to fit was refused before this, for good.)"""
         priority = request.priority
         waiting = sum(len(self.waiting[k, priority]) for k in Kind)
         if waiting >= self.config.queue_limit[priority]:
             return Admission(False, f"the {priority.label} queue is full ({waiting} waiting)")
-        if request.kind is Kind.LLM:
-            needed = request.prompt_tokens + 1
-            if self.kv.blocks_for(needed) > self.kv.num_blocks:
-                return Admission(
-                    False,
-                    f"prompt of {request.prompt_tokens} tokens does not fit the KV cache "
-                    f"({self.kv.capacity_tokens} tokens)",
-                )
         deadline_ms = self.config.deadline_ms[priority]
-        deadline_s = request.deadline_s
-        if deadline_s is None and deadline_ms is not None:
-            deadline_s = deadline_ms / 1000.0
-        if deadline_s is not None and priority.interactive:
+        if request.deadline_s is None and deadline_ms is not None:
+            request.deadline_s = deadline_ms / 1000.0
+        if request.deadline_s is not None and priority.interactive:
             wait_s = self._predicted_wait(request)
-            if wait_s > deadline_s:
+            if wait_s > request.deadline_s:
                 return Admission(
                     False,
                     f"predicted wait {wait_s * 1000:.0f} ms exceeds the "
-                    f"{deadline_s * 1000:.0f} ms deadline of this {priority.label} request",
+                    f"{request.deadline_s * 1000:.0f} ms deadline of this {priority.label} request",
                     predicted_wait_s=wait_s,
                 )
         return None
 
     def _predicted_wait(self, request: Request) -> float:
-        """Time until the request's first output, from the work queued ahead of it."""
+        """Time until the request's first output: the step in flight, then the work of its lane
+        queued ahead of it, in the batches it will really run in."""
         ahead = [
             r
             for (kind, p), q in self.waiting.items()
             if kind is request.kind and p <= request.priority
             for r in q
         ]
-        in_flight = self.config.slice_s  # the step running now finishes first
+        in_flight = self.config.slice_s if self.has_work() else 0.0
         if request.kind is Kind.STT:
-            batches = -(-(len(ahead) + 1) // self.config.stt_max_batch)
-            return in_flight + batches * self.cost.stt_s(self.config.stt_max_batch, 0.0)
+            utterances = [r.audio_s for r in ahead] + [request.audio_s]
+            size = self.config.stt_max_batch
+            groups = [utterances[i : i + size] for i in range(0, len(utterances), size)]
+            return in_flight + sum(self.cost.stt_s(len(g), sum(g)) for g in groups)
         if request.kind is Kind.EMBED:
             tokens = sum(r.prompt_tokens for r in ahead) + request.prompt_tokens
-            return in_flight + self.cost.embed_s(tokens)
-        prefill = sum(r.remaining_prefill for r in ahead) + request.prompt_tokens
+            batches = math.ceil(tokens / self.config.embed_max_batch_tokens)
+            return (
+                in_flight
+                + self.cost.embed_s(tokens)
+                + (batches - 1) * self.cost.fixed_s(Kind.EMBED)
+            )
+        prefill = sum(r.remaining_prefill for r in ahead) + request.remaining_prefill
         prefill += sum(
             r.remaining_prefill
             for r in self.running.values()
             if r.priority <= request.priority and not r.is_decode
         )
         decodes = sum(1 for r in self.running.values() if r.priority.interactive)
-        iterations = max(1, -(-prefill // self.config.max_batch_tokens))
-        return in_flight + self.cost.llm_s(prefill, decodes * iterations, 0)
+        chunk = min(
+            self.config.max_batch_tokens,
+            max(
+                self.config.min_prefill_chunk,
+                self.cost.prefill_tokens_within(self.config.arrival_wait_s, 0, decodes, 0),
+            ),
+        )
+        iterations = max(1, math.ceil(prefill / chunk))
+        per_iteration = self.cost.llm_s(0, decodes, 0)
+        return (
+            in_flight
+            + iterations * per_iteration
+            + self.cost.llm_s(prefill, 0, 0)
+            - (self.cost.llm_s(0, 0, 0))
+        )
 
-    def _account(self, plan: StepPlan, seconds: dict[Priority, float]) -> None:
+    def _account(self, plan: StepPlan, seconds: dict[Priority, float], now: float) -> None:
         """Keep each lane's background device time: it rotates the background lanes."""
-        self.lane_seconds[plan.kind] += seconds.get(Priority.BACKGROUND, 0.0)
+        elapsed = sum(seconds.values())
+        self.lane_share.record({plan.kind: seconds.get(Priority.BACKGROUND, 0.0)}, now, elapsed)
+
+
+def _min(a: float | None, b: float) -> float:
+    return b if a is None else min(a, b)
