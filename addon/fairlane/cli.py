@@ -16,13 +16,21 @@ def _simulate(args: argparse.Namespace) -> int:
     from fairlane.sim.report import format_table, plot, summarize
 
     cfg = config_mod.load(args.config)
-    scn = scenario(args.workload or default_workload(), args.profile, cfg.policy, args.duration)
+    # The server's budgets for this config (its engine's context, sequences and prefix cache);
+    # the scenario scales the SLOs for a CPU profile itself.
+    budgets = cfg.serving_policy("gpu")
+    scn = scenario(args.workload or default_workload(), args.profile, budgets, args.duration)
     policies = ["fairlane", "fcfs"] if args.policy == "both" else [args.policy]
-    results = [simulate(scn, name, noise=args.noise, seed=args.seed) for name in policies]
+    results = [
+        simulate(scn, name, noise=args.noise, seed=args.seed, truth=args.truth) for name in policies
+    ]
     reports = [summarize(r, scn.workload.slo) for r in results]
+    device = f"; the device runs at {args.truth}'s costs" if args.truth else ""
     print(
         f"workload {scn.workload.name} ({len(scn.workload.jobs)} jobs over "
-        f"{scn.workload.duration_s:.0f} s) on profile {args.profile}; times in ms"
+        f"{scn.workload.duration_s:.0f} s) on profile {args.profile}{device}; "
+        f"KV {budgets.kv_blocks * budgets.block_size} tokens, {budgets.max_num_seqs} sequences; "
+        "times in ms"
     )
     print(format_table(reports))
     if args.json:
@@ -62,7 +70,7 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         policy = dict(_key_value(item) for item in args.set or []) or None
         result = llm.interference(
-            ["fairlane", "fcfs"], threads, args.chats, args.background, policy
+            ["fairlane", "fcfs"], threads, args.chats, args.background, policy, args.rounds
         )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--duration", type=float, help="only arrivals before this many seconds")
     sim.add_argument("--noise", type=float, default=0.05, help="relative step-time noise")
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--truth",
+        help="profile the simulated device really runs at (default: the one the policy plans "
+        "with); the policy learns the difference online",
+    )
     sim.add_argument("--json", help="write the report here")
     sim.add_argument("--plot", help="write a PNG of TTFT CDFs and device occupancy here")
     sim.set_defaults(func=_simulate)
@@ -135,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--max-tokens", type=int, default=64, help="throughput: tokens a stream")
     bench.add_argument("--chats", type=int, default=10, help="interference: chat turns per phase")
+    bench.add_argument(
+        "--rounds", type=int, default=2, help="interference: rounds of each policy, alternating"
+    )
     bench.add_argument(
         "--background", type=int, default=2, help="interference: concurrent background streams"
     )

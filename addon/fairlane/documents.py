@@ -24,6 +24,11 @@ from typing import Any
 
 import numpy as np
 
+# A longer text is summarised in pieces of at most this many tokens (map), then the pieces'
+# summaries together (reduce): every turn fits the context, and the pieces batch together.
+SUMMARY_PIECE_TOKENS = 1500
+SUMMARY_PIECE_WORDS = 80
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
     id TEXT PRIMARY KEY,

@@ -25,7 +25,15 @@ from fairlane.api.common import (
     validate,
 )
 from fairlane.api.embeddings import embed_all
-from fairlane.documents import DocumentError, DocumentStore, chunk_tokens, extract_text, progress
+from fairlane.documents import (
+    SUMMARY_PIECE_TOKENS,
+    SUMMARY_PIECE_WORDS,
+    DocumentError,
+    DocumentStore,
+    chunk_tokens,
+    extract_text,
+    progress,
+)
 from fairlane.engines.embed import EmbeddingEngine
 from fairlane.policy import Priority
 
@@ -223,7 +231,6 @@ SUMMARY_REQUEST = vol.Schema(
     },
     extra=vol.PREVENT_EXTRA,
 )
-SUMMARY_PIECE_TOKENS = 1500
 
 
 async def add_summary(request: web.Request) -> web.Response:
@@ -264,7 +271,7 @@ async def summarize(svc: Services, text: str, style: str, max_words: int) -> str
         size = -(-len(text) // pieces)
         parts = await asyncio.gather(
             *(
-                _summary_turn(svc, text[i : i + size], "short", 80)
+                _summary_turn(svc, text[i : i + size], "short", SUMMARY_PIECE_WORDS)
                 for i in range(0, len(text), size)
             )
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -217,11 +218,58 @@ def throughput(streams: list[int], threads: int, max_tokens: int) -> list[dict[s
 # --- interference ------------------------------------------------------------------------------
 
 
+def _unique(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same turn with a nonce first: no two requests share a cached prefix, so each one
+    really prefills its whole prompt (the load is what it says)."""
+    nonce = f"[{uuid.uuid4().hex[:12]}] "
+    return [{**m, "content": nonce + m["content"]} if i == 0 else m for i, m in enumerate(messages)]
+
+
 def _background_load(url: str, stop: threading.Event, done: list[StreamTiming]) -> None:
-    """Keep one background stream of long prompts going until `stop`."""
+    """Keep one background stream of long, unique prompts going until `stop`."""
     extra = {"fairlane_class": "background", "user": "documents"}
     while not stop.is_set():
-        done.append(stream_chat(url, BACKGROUND, 8, extra))
+        done.append(stream_chat(url, _unique(BACKGROUND), 8, extra))
+
+
+def _interference_round(
+    policy: str, threads: int, chats: int, background_streams: int, extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    with fairlane_server(policy, threads, 8, extra) as server:
+        chat = {"fairlane_class": "chat", "user": "parent"}
+        stream_chat(server.url, _unique(SHORT_CHAT), 4, chat)  # warm-up
+        idle = [stream_chat(server.url, _unique(SHORT_CHAT), 8, chat) for _ in range(chats)]
+        stop = threading.Event()
+        background_done: list[StreamTiming] = []
+        loaders = [
+            threading.Thread(target=_background_load, args=(server.url, stop, background_done))
+            for _ in range(background_streams)
+        ]
+        for loader in loaders:
+            loader.start()
+        time.sleep(3.0)  # let the background saturate the device
+        loaded_from, finished_before = time.monotonic(), len(background_done)
+        loaded = []
+        for i in range(chats):
+            loaded.append(stream_chat(server.url, _unique(SHORT_CHAT), 8, chat))
+            time.sleep(0.3 + 0.1 * (i % 3))
+        loaded_s = time.monotonic() - loaded_from
+        in_phase = len(background_done) - finished_before
+        stop.set()
+        for loader in loaders:
+            loader.join()
+    idle_p95 = percentile([t.ttft for t in idle if t.ttft is not None], 95)
+    loaded_p95 = percentile([t.ttft for t in loaded if t.ttft is not None], 95)
+    return {
+        "policy": policy,
+        "idle_ttft_p95_s": idle_p95,
+        "loaded_ttft_p95_s": loaded_p95,
+        "ratio": (loaded_p95 / idle_p95) if idle_p95 and loaded_p95 else None,
+        "idle_ttft_p50_s": percentile([t.ttft for t in idle if t.ttft is not None], 50),
+        "loaded_ttft_p50_s": percentile([t.ttft for t in loaded if t.ttft is not None], 50),
+        # Background requests completed while the chats ran, per minute of that phase.
+        "background_per_min": round(60 * in_phase / loaded_s, 1),
+    }
 
 
 def interference(
@@ -230,64 +278,46 @@ def interference(
     chats: int,
     background_streams: int,
     policy_config: dict[str, Any] | None = None,
+    rounds: int = 2,
 ) -> list[dict[str, Any]]:
-    """Chat TTFT when background long prompts saturate the device, against the idle TTFT."""
+    """Chat TTFT when background long prompts saturate the device, against the idle TTFT.
+
+    Every prompt is unique (a nonce first), so the prefix cache cannot make the load vanish;
+    the policies' rounds alternate (A B A B) and every round is reported, with the spread.
+    """
     rows: list[dict[str, Any]] = []
     extra = {"policy": policy_config} if policy_config else None
-    for policy in policies:
-        with fairlane_server(policy, threads, 8, extra) as server:
-            chat = {"fairlane_class": "chat", "user": "parent"}
-            stream_chat(server.url, SHORT_CHAT, 4, chat)  # warm-up
-            idle = [stream_chat(server.url, SHORT_CHAT, 8, chat) for _ in range(chats)]
-            stop = threading.Event()
-            background_done: list[StreamTiming] = []
-            loaders = [
-                threading.Thread(target=_background_load, args=(server.url, stop, background_done))
-                for _ in range(background_streams)
-            ]
-            for loader in loaders:
-                loader.start()
-            time.sleep(3.0)  # let the background saturate the device
-            loaded_from, finished_before = time.monotonic(), len(background_done)
-            loaded = []
-            for i in range(chats):
-                loaded.append(stream_chat(server.url, SHORT_CHAT, 8, chat))
-                time.sleep(0.3 + 0.1 * (i % 3))
-            loaded_s = time.monotonic() - loaded_from
-            in_phase = len(background_done) - finished_before
-            stop.set()
-            for loader in loaders:
-                loader.join()
-        idle_p95 = percentile([t.ttft for t in idle if t.ttft is not None], 95)
-        loaded_p95 = percentile([t.ttft for t in loaded if t.ttft is not None], 95)
-        row: dict[str, Any] = {
-            "policy": policy,
-            "idle_ttft_p95_s": idle_p95,
-            "loaded_ttft_p95_s": loaded_p95,
-            "ratio": (loaded_p95 / idle_p95) if idle_p95 and loaded_p95 else None,
-            "idle_ttft_p50_s": percentile([t.ttft for t in idle if t.ttft is not None], 50),
-            "loaded_ttft_p50_s": percentile([t.ttft for t in loaded if t.ttft is not None], 50),
-            # Background requests completed while the chats ran, per minute of that phase.
-            "background_per_min": round(60 * in_phase / loaded_s, 1),
-        }
-        rows.append(row)
-        print(
-            f"  {policy}: idle p95 {_ms(idle_p95)} ms, loaded p95 {_ms(loaded_p95)} ms", flush=True
-        )
+    for round_index in range(rounds):
+        for policy in policies:
+            row = _interference_round(policy, threads, chats, background_streams, extra)
+            rows.append({"round": round_index + 1, **row})
+            print(
+                f"  round {round_index + 1} {policy}: idle p95 {_ms(row['idle_ttft_p95_s'])} ms, "
+                f"loaded p95 {_ms(row['loaded_ttft_p95_s'])} ms",
+                flush=True,
+            )
     print(
-        f"\nchat TTFT under background load ({background_streams} streams of "
-        f"~1,000-token prompts), {chats} chats each, {threads} threads"
+        f"\nchat TTFT under background load ({background_streams} streams of unique "
+        f"~1,000-token prompts), {chats} chats a phase, {threads} threads, {rounds} rounds"
     )
     print(
-        f"{'policy':>10}{'idle p95 ms':>13}{'loaded p95 ms':>15}{'ratio':>8}"
+        f"{'policy':>10}{'round':>6}{'idle p95 ms':>13}{'loaded p95 ms':>15}{'ratio':>8}"
         f"{'idle p50':>10}{'loaded p50':>12}{'bg/min':>8}"
     )
     for row in rows:
         ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
         print(
-            f"{row['policy']:>10}{_ms(row['idle_ttft_p95_s']):>13}"
+            f"{row['policy']:>10}{row['round']:>6}{_ms(row['idle_ttft_p95_s']):>13}"
             f"{_ms(row['loaded_ttft_p95_s']):>15}{ratio:>8}"
             f"{_ms(row['idle_ttft_p50_s']):>10}{_ms(row['loaded_ttft_p50_s']):>12}"
             f"{row['background_per_min']:>8}"
         )
+    for policy in policies:
+        ratios = sorted(r["ratio"] for r in rows if r["policy"] == policy and r["ratio"])
+        bg = sorted(r["background_per_min"] for r in rows if r["policy"] == policy)
+        if ratios:
+            print(
+                f"{policy:>10}: ratio {min(ratios):.2f}–{max(ratios):.2f}, "
+                f"background {min(bg)}–{max(bg)} a minute"
+            )
     return rows

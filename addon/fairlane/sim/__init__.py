@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
+from fairlane.config import Config
 from fairlane.policy import CostModel, PolicyConfig, make_policy
 from fairlane.profiles import load as load_profile
 from fairlane.sim.simulator import SimResult, Simulator
@@ -37,7 +38,9 @@ def scenario(
         jobs = tuple(j for j in workload.jobs if j.at < duration_s)
         workload = Workload(workload.name, duration_s, jobs, workload.slo, workload.cpu_slo_scale)
     _, device = load_profile(profile)
-    base = config or PolicyConfig()
+    # The budgets `fairlane serve` gives the policy with its default engine: a simulated table
+    # is a claim about the server that ships.
+    base = config or Config().serving_policy("gpu")
     slos = dict(base.slo)
     slos.update(workload.slo)
     scaled = replace(base, slo=slos)
@@ -49,11 +52,22 @@ def scenario(
     return Scenario(scaled_workload, profile, scaled)
 
 
-def simulate(scn: Scenario, policy: str, noise: float = 0.05, seed: int = 0) -> SimResult:
-    """Run one policy on a scenario: the real policy, the profile as the device."""
+def simulate(
+    scn: Scenario,
+    policy: str,
+    noise: float = 0.05,
+    seed: int = 0,
+    truth: str | None = None,
+) -> SimResult:
+    """Run one policy on a scenario: the real policy, planning with the scenario's profile.
+
+    The simulated device runs at the profile's costs, or at `truth`'s (another profile): then
+    the policy must learn the device it really has from the step times it measures.
+    """
     profile, _ = load_profile(scn.profile)
+    device, _ = load_profile(truth) if truth else (profile, None)
     engine = make_policy(policy, scn.config, CostModel(profile))
-    return Simulator(engine, CostModel(profile), scn.workload, noise=noise, seed=seed).run()
+    return Simulator(engine, CostModel(device), scn.workload, noise=noise, seed=seed).run()
 
 
 __all__ = ["Scenario", "SimResult", "Simulator", "default_workload", "scenario", "simulate"]

@@ -59,14 +59,18 @@ class Simulator:
         workload: Workload,
         noise: float = 0.0,
         seed: int = 0,
+        give_up_s: dict[Priority, float] | None = None,
     ) -> None:
         self.policy = policy
         self.truth = truth
         self.workload = workload
         self.noise = noise
+        # A client that gets no answer within this long cancels (a satellite times out).
+        self.give_up_s = give_up_s or {}
         self.rng = random.Random(seed)
         self._ids = itertools.count()
         self._queue: list[tuple[float, int, Job]] = []
+        self._give_ups: list[tuple[float, str]] = []
         self._live: dict[str, tuple[Job, RequestRecord]] = {}
         self.records: list[RequestRecord] = []
         self.steps: list[Step] = []
@@ -79,9 +83,11 @@ class Simulator:
         now = 0.0
         while now <= horizon:
             self._deliver(now)
+            self._cancel_overdue(now)
             plan = self.policy.schedule(now)
             if isinstance(plan, IdlePlan):
                 upcoming = [t for t in (self._next_arrival(), plan.wake_at) if t is not None]
+                upcoming += [t for t, _ in self._give_ups[:1] if plan.wake_at is None]
                 if not upcoming:
                     break
                 now = max(now, min(upcoming))
@@ -101,6 +107,11 @@ class Simulator:
     def _deliver(self, now: float) -> None:
         while self._queue and self._queue[0][0] <= now:
             at, seq, job = heapq.heappop(self._queue)
+            # The API's clamp: a reply cap of twice what the model will say, within what a
+            # request of its class may hold (a prompt that cannot fit is refused, as the
+            # server answers 400).
+            capacity = self.policy.capacity_tokens(job.priority)
+            max_tokens = min(max(2 * job.output_tokens, 1), capacity - job.prompt_tokens)
             request = Request(
                 id=f"{job.group}-{seq}",
                 kind=job.kind,
@@ -108,7 +119,7 @@ class Simulator:
                 client=job.client,
                 arrival=at,
                 prompt_tokens=job.prompt_tokens,
-                max_tokens=max(2 * job.output_tokens, 1),
+                max_tokens=max(max_tokens, 1),
                 audio_s=job.audio_s,
             )
             record = RequestRecord(
@@ -118,8 +129,18 @@ class Simulator:
             admission = self.policy.add(request, now)
             if admission.accepted:
                 self._live[request.id] = (job, record)
+                if (patience := self.give_up_s.get(job.priority)) is not None:
+                    heapq.heappush(self._give_ups, (at + patience, request.id))
             else:
                 record.refused = admission.reason
+
+    def _cancel_overdue(self, now: float) -> None:
+        """Clients that waited longer than they would: their requests are cancelled."""
+        while self._give_ups and self._give_ups[0][0] <= now:
+            _, request_id = heapq.heappop(self._give_ups)
+            if request_id in self._live and self.policy.cancel(request_id, now):
+                _, record = self._live.pop(request_id)
+                record.refused = "cancelled: the client gave up"
 
     # --- steps -----------------------------------------------------------------------------
 
@@ -133,6 +154,8 @@ class Simulator:
             if output.new_tokens and output.request_id in self._live:
                 self._live[output.request_id][1].token_times.append(end)
         for request in finished:
+            if request.id not in self._live:
+                continue
             job, record = self._live.pop(request.id)
             record.finished_at = end
             if job.then is not None:
@@ -156,7 +179,7 @@ class Simulator:
             return tuple(SeqOutput(rid, finished=True) for rid in plan.request_ids)
         outputs = []
         for chunk in plan.chunks:
-            if not chunk.samples:
+            if not chunk.samples or chunk.request_id not in self._live:
                 continue
             request = self.policy.requests[chunk.request_id]
             job = self._live[chunk.request_id][0]

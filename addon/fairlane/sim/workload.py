@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import voluptuous as vol
 import yaml
 
+from fairlane.documents import SUMMARY_PIECE_TOKENS, SUMMARY_PIECE_WORDS
 from fairlane.policy import Kind, Priority, Slo
 
 Z95 = 1.6448536269514722  # the standard normal's 95th percentile
@@ -233,16 +234,10 @@ def build(data: dict[str, Any]) -> Workload:
                 )
     if summaries := background.get("summaries"):
         for _ in range(summaries["count"]):
-            jobs.append(
-                Job(
-                    0.0,
-                    "summary",
-                    Kind.LLM,
-                    Priority.BACKGROUND,
-                    summaries["client"],
-                    prompt_tokens=sampler.tokens(summaries["prompt_tokens"]),
-                    output_tokens=sampler.tokens(summaries["output_tokens"]),
-                )
+            jobs += summary_jobs(
+                summaries["client"],
+                sampler.tokens(summaries["prompt_tokens"]),
+                sampler.tokens(summaries["output_tokens"]),
             )
     if autos := background.get("automations"):
         for at in sampler.arrivals(autos["arrivals"], duration):
@@ -260,6 +255,24 @@ def build(data: dict[str, Any]) -> Workload:
 
     jobs.sort(key=lambda j: j.at)
     return Workload(data["name"], duration, tuple(jobs), slo, data["cpu_slo_scale"])
+
+
+def summary_jobs(client: str, prompt_tokens: int, output_tokens: int) -> list[Job]:
+    """A summary as the server runs it: a long text in pieces (their turns batch together),
+    then one turn over the pieces' summaries, which starts when the last piece is done."""
+    whole = Job(0.0, "summary", Kind.LLM, Priority.BACKGROUND, client, prompt_tokens, output_tokens)
+    if prompt_tokens <= SUMMARY_PIECE_TOKENS:
+        return [whole]
+    count = max(2, math.ceil(prompt_tokens / SUMMARY_PIECE_TOKENS))
+    piece_output = 2 * SUMMARY_PIECE_WORDS  # the server's reply cap for a piece
+    reduce = replace(whole, prompt_tokens=count * piece_output)
+    size = math.ceil(prompt_tokens / count)
+    pieces = [
+        Job(0.0, "summary", Kind.LLM, Priority.BACKGROUND, client, size, piece_output)
+        for _ in range(count)
+    ]
+    pieces[-1] = replace(pieces[-1], then=reduce)
+    return pieces
 
 
 def _slo(raw: dict[str, float] | None) -> Slo:
