@@ -66,3 +66,15 @@ def test_an_unobserved_term_keeps_its_profile_value() -> None:
 def test_shipped_profiles_load(name: str) -> None:
     profile, device = profiles.load(name)
     assert device in ("cpu", "gpu") and profile.llm.prefill_token_ms > 0
+
+
+def test_the_fit_stays_finite_over_many_identical_steps() -> None:
+    """Review R16's load (one-token turns, one after another, each measured exactly as
+    predicted) made the fit's covariance indefinite by rounding, and a prediction NaN; it must
+    stay finite and right."""
+    cost = CostModel(PROFILE)
+    plan = LlmPlan((Chunk("t", 0, 20, True, False, Priority.CHAT),), (), 0.0, 20)
+    for _ in range(50_000):
+        cost.observe(plan, cost.plan_s(plan))
+    assert cost.plan_s(plan) == pytest.approx(CostModel(PROFILE).plan_s(plan), rel=0.02)
+    assert cost.prefill_tokens_within(0.05, 0, 2, 0) > 0

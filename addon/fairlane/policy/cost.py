@@ -64,9 +64,7 @@ class OnlineFit:
 
     def __post_init__(self) -> None:
         self.weights = [1.0] * self.size
-        self.cov = [
-            [self.prior_var if i == j else 0.0 for j in range(self.size)] for i in range(self.size)
-        ]
+        self._reset_cov()
 
     def update(self, terms: tuple[float, ...], measured: float) -> None:
         scale = max(measured, 1e-3)
@@ -74,25 +72,45 @@ class OnlineFit:
         y = measured / scale
         px = [sum(row[j] * x[j] for j in range(self.size)) for row in self.cov]
         denom = self.forget + sum(x[i] * px[i] for i in range(self.size))
+        if not math.isfinite(denom) or denom < self.forget:  # P lost its shape to rounding
+            self._reset_cov()
+            return
         gain = [v / denom for v in px]
         error = y - sum(w * v for w, v in zip(self.weights, x, strict=True))
         self.weights = [
             min(max(w + g * error, MIN_WEIGHT), MAX_WEIGHT)
             for w, g in zip(self.weights, gain, strict=True)
         ]
-        self.cov = [
-            [(self.cov[i][j] - gain[i] * px[j]) / self.forget for j in range(self.size)]
-            for i in range(self.size)
+        n = self.size
+        cov = [
+            [(self.cov[i][j] - gain[i] * px[j]) / self.forget for j in range(n)] for i in range(n)
         ]
-        for i in range(self.size):  # cap each variance (a congruence scaling keeps P valid)
-            if self.cov[i][i] > self.prior_var:
-                shrink = math.sqrt(self.prior_var / self.cov[i][i])
-                for j in range(self.size):
-                    self.cov[i][j] *= shrink
-                    self.cov[j][i] *= shrink
+        # Keep P symmetric and its variances positive and capped (a congruence scaling keeps
+        # it valid): a direction no recent step exercised cannot wind up, and rounding over
+        # thousands of identical steps cannot make it indefinite.
+        for i in range(n):
+            for j in range(i):
+                cov[i][j] = cov[j][i] = (cov[i][j] + cov[j][i]) / 2
+        for i in range(n):
+            if not cov[i][i] > MIN_VAR:
+                self._reset_cov()
+                return
+            if cov[i][i] > self.prior_var:
+                shrink = math.sqrt(self.prior_var / cov[i][i])
+                for j in range(n):
+                    cov[i][j] *= shrink
+                    cov[j][i] *= shrink
+        self.cov = cov
+
+    def _reset_cov(self) -> None:
+        """Forget the fit's confidence, not its weights: the next steps re-learn the shape."""
+        self.cov = [
+            [self.prior_var if i == j else 0.0 for j in range(self.size)] for i in range(self.size)
+        ]
 
 
 MIN_WEIGHT, MAX_WEIGHT = 0.05, 20.0
+MIN_VAR = 1e-12
 TERMS: dict[Kind, tuple[str, ...]] = {
     Kind.LLM: ("base", "prefill_token", "decode_seq", "context_token"),
     Kind.EMBED: ("base", "token"),
