@@ -38,7 +38,7 @@ class PolicyConfig:
     # and an interactive prefill step may always run, up to this fraction of the tightest
     # interactive first-output target (TTFT or STT): an arrival that waits for such a step
     # still meets its own target.
-    arrival_wait_fraction: float = 0.5
+    arrival_wait_fraction: float = 0.25
     # Rules 4 and 5: what one LLM iteration may carry, and how many sequences may hold KV.
     max_batch_tokens: int = 2048
     max_num_seqs: int = 32

@@ -45,17 +45,28 @@ def less_urgent(request: Request) -> Callable[[Request], bool]:
 
 @dataclass
 class ArrivalRate:
-    """Smoothed gap between arrivals of one lane and class inside a burst: what batch windows
-    rely on. A gap longer than the class's window is the pause between bursts, not a rate."""
+    """Arrivals of one lane and class: the smoothed gap inside a burst (what batch windows rely
+    on; a gap longer than the class's window is the pause between bursts, not a rate), and the
+    smoothed gap between any two arrivals (whether someone is still talking)."""
 
     window_s: float
     mean_gap: float | None = None
+    mean_pause: float | None = None
     last: float | None = None
 
     def observe(self, now: float) -> None:
-        if self.last is not None and (gap := max(0.0, now - self.last)) <= self.window_s:
-            self.mean_gap = gap if self.mean_gap is None else 0.7 * self.mean_gap + 0.3 * gap
+        if self.last is not None:
+            gap = max(0.0, now - self.last)
+            if gap <= self.window_s:
+                self.mean_gap = _smooth(self.mean_gap, gap)
+            self.mean_pause = _smooth(self.mean_pause, gap)
         self.last = now
+
+    def active(self, now: float) -> bool:
+        """Arrivals are still coming: the last one is recent next to the usual pause."""
+        if self.last is None or self.mean_pause is None:
+            return False
+        return now - self.last <= 2 * self.mean_pause
 
     def expected_next(self, now: float) -> float | None:
         """When the next arrival is due; None without a forecast or when it is overdue (the
@@ -209,20 +220,16 @@ class FairlaneScheduler(Policy):
     def _background_budget(self, now: float) -> float:
         """Rules 2 and 14: how long a background step may run.
 
-        `slice_ms` while interactive work is running, waiting or forecast; with none of that
+        `slice_ms` while interactive work is running or waiting, or its arrivals are still
+        coming (the last one is recent next to the usual pause between them); with none of that
         the step may grow to `arrival_wait_s` (the longest step an interactive arrival can wait
         for and still meet its target), so background work runs in efficient batches when
         nobody is talking.
         """
-        quiet_until = now + self.config.arrival_wait_s
         interactive_busy = any(r.priority.interactive for r in self.running.values()) or any(
             len(q) for (_, p), q in self.waiting.items() if p.interactive
         )
-        forecast = any(
-            (expected := rate.expected_next(now)) is not None and expected <= quiet_until
-            for (_, p), rate in self.arrivals.items()
-            if p.interactive
-        )
+        forecast = any(rate.active(now) for (_, p), rate in self.arrivals.items() if p.interactive)
         if interactive_busy or forecast:
             return self.config.slice_s
         return self.config.arrival_wait_s
@@ -596,6 +603,10 @@ class FairlaneScheduler(Policy):
         """Keep each lane's background device time: it rotates the background lanes."""
         elapsed = sum(seconds.values())
         self.lane_share.record({plan.kind: seconds.get(Priority.BACKGROUND, 0.0)}, now, elapsed)
+
+
+def _smooth(mean: float | None, value: float) -> float:
+    return value if mean is None else 0.7 * mean + 0.3 * value
 
 
 def _min(a: float | None, b: float) -> float:
