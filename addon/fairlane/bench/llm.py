@@ -36,6 +36,7 @@ MANUAL = (
     "Clean the filter every month and refill the rinse aid when the light is on. "
 )
 BACKGROUND = [{"role": "user", "content": "Summarise this manual:\n" + MANUAL * 20}]
+QUIET_S = 30.0  # interference: background alone, before the chats
 
 
 def _ms(value: float | None) -> str:
@@ -248,6 +249,10 @@ def _interference_round(
         for loader in loaders:
             loader.start()
         time.sleep(3.0)  # let the background saturate the device
+        # Background alone: how fast it goes when nobody is talking.
+        quiet_from, quiet_before = time.monotonic(), len(background_done)
+        time.sleep(QUIET_S)
+        quiet_s, quiet_done = time.monotonic() - quiet_from, len(background_done) - quiet_before
         loaded_from, finished_before = time.monotonic(), len(background_done)
         loaded = []
         for i in range(chats):
@@ -267,8 +272,10 @@ def _interference_round(
         "ratio": (loaded_p95 / idle_p95) if idle_p95 and loaded_p95 else None,
         "idle_ttft_p50_s": percentile([t.ttft for t in idle if t.ttft is not None], 50),
         "loaded_ttft_p50_s": percentile([t.ttft for t in loaded if t.ttft is not None], 50),
-        # Background requests completed while the chats ran, per minute of that phase.
+        # Background requests completed while the chats ran, per minute of that phase, and
+        # while nobody talked.
         "background_per_min": round(60 * in_phase / loaded_s, 1),
+        "background_alone_per_min": round(60 * quiet_done / quiet_s, 1),
     }
 
 
@@ -302,7 +309,7 @@ def interference(
     )
     print(
         f"{'policy':>10}{'round':>6}{'idle p95 ms':>13}{'loaded p95 ms':>15}{'ratio':>8}"
-        f"{'idle p50':>10}{'loaded p50':>12}{'bg/min':>8}"
+        f"{'idle p50':>10}{'loaded p50':>12}{'bg/min':>8}{'bg/min alone':>14}"
     )
     for row in rows:
         ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
@@ -310,14 +317,15 @@ def interference(
             f"{row['policy']:>10}{row['round']:>6}{_ms(row['idle_ttft_p95_s']):>13}"
             f"{_ms(row['loaded_ttft_p95_s']):>15}{ratio:>8}"
             f"{_ms(row['idle_ttft_p50_s']):>10}{_ms(row['loaded_ttft_p50_s']):>12}"
-            f"{row['background_per_min']:>8}"
+            f"{row['background_per_min']:>8}{row['background_alone_per_min']:>14}"
         )
     for policy in policies:
         ratios = sorted(r["ratio"] for r in rows if r["policy"] == policy and r["ratio"])
         bg = sorted(r["background_per_min"] for r in rows if r["policy"] == policy)
+        alone = sorted(r["background_alone_per_min"] for r in rows if r["policy"] == policy)
         if ratios:
             print(
-                f"{policy:>10}: ratio {min(ratios):.2f}–{max(ratios):.2f}, "
-                f"background {min(bg)}–{max(bg)} a minute"
+                f"{policy:>10}: ratio {min(ratios):.2f}–{max(ratios):.2f}, background "
+                f"{min(bg)}–{max(bg)} a minute while chatting, {min(alone)}–{max(alone)} alone"
             )
     return rows
