@@ -68,3 +68,50 @@ def test_on_a_party_night_voice_stays_fast_only_with_fairlane() -> None:
     assert fcfs["classes"]["voice/stt"]["slo_met"] < 0.9
     assert fair["classes"]["voice/llm"]["slo_met"] > fcfs["classes"]["voice/llm"]["slo_met"]
     assert fair["background"]["done_fraction"] == 1.0
+
+
+def test_the_simulator_runs_the_servers_budgets_and_drains() -> None:
+    """Review R4: on the server's budgets (6,144 KV positions, 8 sequences) both policies
+    serve the family evening to the end (the old code served no spoken command)."""
+    from fairlane import config
+
+    scn = scenario(default_workload(), "rtx4090")
+    budgets = config.parse({}).serving_policy("gpu")
+    assert (scn.config.kv_blocks, scn.config.max_num_seqs) == (budgets.kv_blocks, 8)
+    for name in ("fairlane", "fcfs"):
+        result = simulate(scn, name)
+        assert result.drained
+        report = summarize(result, scn.workload.slo)
+        assert report["classes"]["voice/stt"]["finished"] == report["classes"]["voice/stt"][
+            "requests"]
+
+
+def test_clients_that_give_up_are_cancelled_and_counted() -> None:
+    from fairlane.policy import CostModel, Priority, make_policy
+    from fairlane.profiles import load as load_profile
+    from fairlane.sim.simulator import Simulator
+
+    scn = scenario(default_workload(), "cpu-2core", duration_s=120)
+    profile, _ = load_profile("cpu-2core")
+    policy = make_policy("fairlane", scn.config, CostModel(profile))
+    result = Simulator(policy, CostModel(profile), scn.workload, seed=0,
+                       give_up_s={Priority.VOICE: 5.0}).run()
+    # On 2 cores a spoken command's answer takes longer than 5 s: those turns are cancelled.
+    gave_up = [r for r in result.records if r.refused and r.refused.startswith("cancelled")]
+    assert gave_up and all(r.priority is Priority.VOICE for r in gave_up)
+    assert all(r.finished_at is None for r in gave_up)
+    assert not any(r.priority is Priority.VOICE for r in policy.requests.values()
+                   if r.arrival + 5.0 < result.end_time)
+
+
+def test_the_policy_learns_a_device_that_differs_from_its_profile() -> None:
+    """`--truth`: planning with the RTX 4090 profile on a device with the H100's costs ends
+    close to planning with the H100 profile (the online fit learns the device)."""
+    scn = scenario(default_workload(), "rtx4090", duration_s=300)
+    learned = summarize(simulate(scn, "fairlane", truth="h100"), scn.workload.slo)
+    right = summarize(simulate(scenario(default_workload(), "h100", duration_s=300), "fairlane"),
+                      scn.workload.slo)
+    for row in INTERACTIVE_ROWS:
+        assert learned["classes"][row]["slo_met"] == right["classes"][row]["slo_met"] == 1.0
+    assert learned["background"]["backlog_drain_s"] == pytest.approx(
+        right["background"]["backlog_drain_s"], rel=0.1)

@@ -155,8 +155,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except ChatTemplateError as err:
         raise ApiError(400, str(err), param="messages") from err
     prompt = await asyncio.to_thread(svc.engine.tokenize, prompt_text)
-    priority_limit = svc.device.policy.capacity_tokens(priority)
-    limit = min(svc.engine.capacity, priority_limit)
+    limit = capacity(svc, priority)
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     max_tokens = max_tokens or svc.config.llm.max_tokens
     if len(prompt) + 1 > limit:
@@ -226,6 +225,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if record.finished_at is None:  # the client went away or the handler failed
             svc.device.cancel(turn.id)
             svc.telemetry.finish(record, svc.device.clock(), outcome="cancelled")
+
+
+def capacity(svc: Services, priority: Priority) -> int:
+    """Prompt + reply tokens one request of this class may hold: the policy's number (the
+    context less the prefix cache, in whole blocks; background also leaves the watermark)."""
+    return min(svc.engine.capacity, svc.device.policy.capacity_tokens(priority))
 
 
 async def _next_event(turn: _Turn) -> TokenEvent:
@@ -361,11 +366,11 @@ async def generate(
     """One LLM turn through the device loop, collected (summaries, and other server jobs)."""
     assert svc.template is not None
     prompt = await asyncio.to_thread(svc.engine.tokenize, svc.template.render(messages))
-    capacity = min(svc.engine.capacity, svc.device.policy.capacity_tokens(priority))
-    if len(prompt) + max_tokens > capacity:
+    limit = capacity(svc, priority)
+    if len(prompt) + max_tokens > limit:
         raise ValueError(
             f"{len(prompt)} prompt tokens and {max_tokens} reply tokens do not fit the "
-            f"{capacity} tokens a {priority.label} request may hold"
+            f"{limit} tokens a {priority.label} request may hold"
         )
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
