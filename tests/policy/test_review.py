@@ -154,6 +154,21 @@ def test_voice_takes_a_sequence_slot_from_background() -> None:
     assert len(policy.running) <= 8
 
 
+def test_a_sequence_preempted_for_room_is_not_restarted_in_the_same_iteration() -> None:
+    """R7b: preempting a sequence and re-admitting it from token 0 in the same plan frees
+    nothing and recomputes its prompt over and over."""
+    policy = make(kv_blocks=64, block_size=16, max_batch_tokens=256)
+    policy.add(llm("old", CHAT, client="a", prompt=600, max_tokens=300, arrival=0.0), 0.0)
+    policy.add(llm("new", CHAT, client="b", prompt=400, max_tokens=300, arrival=0.001), 0.001)
+    now, prefilled = 0.001, 0
+    while policy.has_work():
+        plan, _, now = step(policy, now)
+        if isinstance(plan, LlmPlan):
+            assert not set(plan.preempted) & set(ids(plan))
+            prefilled += plan.prefill_tokens
+    assert prefilled < 2 * (600 + 400)
+
+
 # --- 4. one capacity number; admission counts the reply (R1, R4d) ---------------------------
 
 
