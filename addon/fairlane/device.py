@@ -174,7 +174,8 @@ class DeviceLoop:
                 self._release.clear()
                 now = self.clock()
                 for request in self.policy.expire(now):
-                    self._end(request, "deadline: no output before the request's deadline")
+                    reason = "deadline: no output before the request's deadline"
+                    self._end(request.id, request.kind, reason)
                 plan = self.policy.schedule(now)
                 if not isinstance(plan, IdlePlan):
                     return plan
@@ -188,23 +189,20 @@ class DeviceLoop:
             raise RuntimeError(f"no engine for {plan.kind.value} steps")
         return engine.execute(plan)
 
-    def _end(self, request: Request, reason: str) -> None:
-        """A request the policy dropped (rule 9): its engine forgets it, its client is told."""
-        sink = self._sinks.pop(request.id, None)
-        self._kinds.pop(request.id, None)
-        self.engines[request.kind].release(request.id)
+    def _end(self, request_id: str, kind: Kind, reason: str) -> None:
+        """A request the policy no longer holds (dropped by rule 9, or its step failed): its
+        engine forgets it, and its client is told why."""
+        sink = self._sinks.pop(request_id, None)
+        self._kinds.pop(request_id, None)
+        self.engines[kind].release(request_id)
         if sink is not None:
-            sink(TokenEvent(request.id, "", reason))
+            sink(TokenEvent(request_id, "", reason))
 
     def _fail(self, plan: StepPlan, message: str) -> None:
         with self._lock:
             for request_id in plan.request_ids:
-                sink = self._sinks.pop(request_id, None)
-                self._kinds.pop(request_id, None)
                 self.policy.cancel(request_id, self.clock())
-                self.engines[plan.kind].release(request_id)
-                if sink is not None:
-                    sink(TokenEvent(request_id, "", f"error: {message}"))
+                self._end(request_id, plan.kind, f"error: {message}")
 
 
 def _record(plan: StepPlan, start: float, end: float) -> StepRecord:

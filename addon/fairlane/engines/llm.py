@@ -64,7 +64,6 @@ class Sequence:
     # A cached prefix this sequence starts from, copied in when its first chunk runs.
     reuse: CachedPrefix | None = None
     reuse_tokens: int = 0
-    started_from_cache: bool = False
 
     @property
     def generated(self) -> int:
@@ -263,14 +262,12 @@ class LlamaEngine:
         assert entry is not None and seq.seq_id is not None
         lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
         lc.llama_memory_seq_cp(self.memory, entry.seq_id, seq.seq_id, 0, seq.reuse_tokens)
-        seq.started_from_cache = True
 
     def _unpin(self, seq: Sequence) -> None:
         with self._cache_lock:
             if seq.reuse is not None:
                 seq.reuse.pins -= 1
                 seq.reuse = None
-                seq.started_from_cache = False
 
     def _keep_prefix(self, seq: Sequence) -> None:
         """Keep the cells of a finished sequence's tokens (every token but the last sampled,
@@ -345,7 +342,7 @@ class LlamaEngine:
             if chunk.start == 0:  # a fresh start or a recompute: no stale cells
                 self._unpin(seq)
                 lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
-            elif seq.reuse is not None and not seq.started_from_cache:
+            elif seq.reuse is not None and chunk.start == seq.reuse_tokens:
                 self._start_from_cache(seq)  # the first chunk after a cached prefix
             for offset in range(chunk.num_tokens):
                 position = chunk.start + offset

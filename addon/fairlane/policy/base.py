@@ -134,9 +134,10 @@ class Policy(ABC):
         self.requests: dict[str, Request] = {}
         self.running: dict[str, Request] = {}  # LLM sequences holding KV, in admission order
         self.share: DeviceShare[Priority] = DeviceShare(config.share_window_s)
-        # (deadline, tie, request): waiting requests that must have started by then (rule 9).
+        # (deadline, admission order, request): waiting requests that must have started by
+        # then (rule 9).
         self._deadlines: list[tuple[float, int, Request]] = []
-        self._tie = itertools.count()
+        self._admitted = itertools.count()
 
     # --- what subclasses decide -------------------------------------------------------------
 
@@ -184,12 +185,12 @@ class Policy(ABC):
         if refusal is not None:
             return refusal
         request.status = Status.WAITING
-        request.order = next(self._tie)
+        request.order = next(self._admitted)
         self.requests[request.id] = request
         self._enqueue(request, now)
         if request.deadline_s is not None:
             deadline = request.arrival + request.deadline_s
-            heapq.heappush(self._deadlines, (deadline, next(self._tie), request))
+            heapq.heappush(self._deadlines, (deadline, request.order, request))
         return Admission(True)
 
     def _never_fits(self, request: Request) -> Admission | None:
