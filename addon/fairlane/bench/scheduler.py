@@ -33,22 +33,27 @@ def scheduler_decision_time(sizes: list[int], steps: int) -> list[dict[str, floa
     rows = []
     print(f"{'running seqs':>12}{'schedule µs p50':>17}{'p99':>9}{'+ update µs p50':>17}{'p99':>9}")
     for size in sizes:
-        config = PolicyConfig(max_num_seqs=size, kv_blocks=size * 512, max_batch_tokens=8192)
+        config = PolicyConfig(
+            max_num_seqs=size,
+            kv_blocks=size * 512,
+            max_batch_tokens=8192,
+            queue_limit=dict.fromkeys(Priority, 10**6),  # every sequence admitted, at 256 too
+        )
         policy = FairlaneScheduler(config, CostModel(profile))
         classes = [Priority.VOICE, Priority.CHAT, Priority.BACKGROUND]
         for i in range(size):
-            policy.add(
-                Request(
-                    f"r{i}",
-                    Kind.LLM,
-                    classes[i % 3],
-                    f"client{i % 5}",
-                    0.0,
-                    prompt_tokens=64,
-                    max_tokens=10**9,
-                ),
+            # Long enough to decode through every timed step; within a sequence's KV share.
+            sequence = Request(
+                f"r{i}",
+                Kind.LLM,
+                classes[i % 3],
+                f"client{i % 5}",
                 0.0,
+                prompt_tokens=64,
+                max_tokens=steps + 100,
             )
+            admission = policy.add(sequence, 0.0)
+            assert admission.accepted, admission.reason
         for i in range(1000):
             policy.add(
                 Request(f"e{i}", Kind.EMBED, Priority.BACKGROUND, "docs", 0.0, prompt_tokens=256),

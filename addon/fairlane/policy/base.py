@@ -329,14 +329,15 @@ class Policy(ABC):
         if must_free is not None:
             chosen.append(must_free)
             missing -= self.kv.held.get(must_free.id, 0)
-        for victim in self._victims(request, batch, may_evict):
-            if missing <= 0:
-                break
-            if victim is not must_free:
-                chosen.append(victim)
-                missing -= self.kv.held.get(victim.id, 0)
-        if missing > 0:
-            return False
+        if missing > 0:  # only then look for victims: most calls need no preemption at all
+            for victim in self._victims(request, batch, may_evict):
+                if victim is not must_free:
+                    chosen.append(victim)
+                    missing -= self.kv.held.get(victim.id, 0)
+                if missing <= 0:
+                    break
+            if missing > 0:
+                return False
         for victim in chosen:
             self._preempt(victim)
             preempted.append(victim.id)
