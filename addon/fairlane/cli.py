@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from fairlane import __version__
+from fairlane.policy import POLICIES
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -20,7 +21,7 @@ def _simulate(args: argparse.Namespace) -> int:
     # the scenario scales the SLOs for a CPU profile itself.
     budgets = cfg.serving_policy("gpu")
     scn = scenario(args.workload or default_workload(), args.profile, budgets, args.duration)
-    policies = ["fairlane", "fcfs"] if args.policy == "both" else [args.policy]
+    policies = _policies(args.policy)
     results = [
         simulate(scn, name, noise=args.noise, seed=args.seed, truth=args.truth) for name in policies
     ]
@@ -43,6 +44,14 @@ def _simulate(args: argparse.Namespace) -> int:
         plot(results, Path(args.plot))
         print(f"plot: {args.plot}")
     return 0
+
+
+def _policies(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in POLICIES]
+    if unknown or not names:
+        raise SystemExit(f"unknown policy {unknown}; expected some of {', '.join(POLICIES)}")
+    return names
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -108,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--token", help="bearer token (or FAIRLANE_TOKEN)")
-    serve.add_argument("--policy", choices=["fairlane", "fcfs"])
+    serve.add_argument("--policy", choices=list(POLICIES))
     serve.add_argument(
         "--set",
         action="append",
@@ -119,7 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate", help="run the real policy on a simulated device")
     sim.add_argument("--workload", help="workload YAML (default: the family evening)")
-    sim.add_argument("--policy", choices=["fairlane", "fcfs", "both"], default="both")
+    sim.add_argument(
+        "--policy",
+        default="fairlane,separate,vllm",
+        help=f"comma-separated, side by side (of: {', '.join(POLICIES)})",
+    )
     sim.add_argument("--profile", default="rtx4090", help="cost profile name or YAML path")
     sim.add_argument("--config", help="YAML configuration file (its policy: section is used)")
     sim.add_argument("--duration", type=float, help="only arrivals before this many seconds")

@@ -60,3 +60,59 @@ def test_fcfs_batches_llm_sequences_in_arrival_order() -> None:
     assert isinstance(plan, LlmPlan) and ids(plan) == ["a", "b"]
     finished, _ = drain(policy, 0.3)
     assert {r.id for r in finished} == {"a", "b"}
+
+
+# --- the baselines households run: separate servers, and one vLLM-like engine -----------------
+
+
+def test_separate_servers_take_the_device_in_turn() -> None:
+    # A backlog on the embedding server does not hold the speech server's request behind it
+    # (they are separate processes), but nor does anything put speech first: one step each.
+    policy = make("separate")
+    for i in range(200):
+        policy.add(embed(f"e{i}"), 0.0)
+    policy.add(llm("doc", BACKGROUND, client="docs", prompt=6000), 0.0)
+    policy.add(stt("u", VOICE), 0.01)
+    kinds = []
+    now = 0.01
+    for _ in range(4):
+        plan, _, now = step(policy, now)
+        kinds.append(type(plan).__name__)
+    assert kinds == ["LlmPlan", "EmbedPlan", "SttPlan", "LlmPlan"]
+
+
+def test_separate_servers_transcribe_one_request_at_a_time() -> None:
+    policy = make("separate")
+    for i in range(3):
+        policy.add(stt(f"u{i}", VOICE), 0.0)
+    plan, _, _ = step(policy, 0.0)
+    assert isinstance(plan, SttPlan) and ids(plan) == ["u0"]
+
+
+def test_llama_server_style_splits_a_prompt_at_n_batch_and_decodes_first() -> None:
+    for name in ("separate", "vllm"):
+        policy = make(name, max_batch_tokens=512)
+        policy.add(llm("chat", CHAT, prompt=100, max_tokens=50), 0.0)
+        plan, _, now = step(policy, 0.0)
+        assert ids(plan) == ["chat"]
+        policy.add(llm("doc", BACKGROUND, client="docs", prompt=2000), now)
+        plan, _, now = step(policy, now)
+        # The chat decodes, and the long prompt fills the rest of the batch, not more.
+        assert ids(plan) == ["chat", "doc"]
+        assert chunk_of(plan, "chat").decode
+        assert chunk_of(plan, "doc").num_tokens == 511
+        plan, _, now = step(policy, now)
+        assert chunk_of(plan, "doc").num_tokens == 511
+
+
+def test_one_vllm_like_engine_still_serves_the_oldest_work_first() -> None:
+    policy = make("vllm")
+    for i in range(100):
+        policy.add(embed(f"e{i}"), 0.0)
+    policy.add(stt("u", VOICE), 0.01)
+    plans = []
+    now = 0.01
+    while policy.has_work():
+        plan, _, now = step(policy, now)
+        plans.append(plan)
+    assert isinstance(plans[-1], SttPlan)

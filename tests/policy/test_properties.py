@@ -6,7 +6,16 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fairlane import config
-from fairlane.policy import CostModel, IdlePlan, Kind, LlmPlan, Priority, Request, StepResult
+from fairlane.policy import (
+    POLICIES,
+    CostModel,
+    IdlePlan,
+    Kind,
+    LlmPlan,
+    Priority,
+    Request,
+    StepResult,
+)
 from fairlane.policy import make_policy as make_named_policy
 from tests.policy.helpers import PROFILE, make, outputs_for
 
@@ -26,7 +35,7 @@ request_specs = st.lists(
 
 
 @settings(max_examples=60, deadline=None)
-@given(specs=request_specs, policy_name=st.sampled_from(["fairlane", "fcfs"]),
+@given(specs=request_specs, policy_name=st.sampled_from(list(POLICIES)),
        kv_blocks=st.integers(min_value=100, max_value=400))
 # Review R13: a background prompt above 90% of the cache (it is refused now, for good).
 @example(specs=[(Kind.LLM, Priority.BACKGROUND, "a", 0.0, 1450, 10, 5)], policy_name="fairlane",
@@ -56,7 +65,7 @@ server_specs = st.lists(
 
 
 @settings(max_examples=80, deadline=None)
-@given(specs=server_specs, policy_name=st.sampled_from(["fairlane", "fcfs"]),
+@given(specs=server_specs, policy_name=st.sampled_from(list(POLICIES)),
        n_ctx=st.integers(min_value=400, max_value=1100), n_seq_max=st.integers(1, 8),
        prefix_cache=st.sampled_from([0, 100, 250]))
 # Review R5: one background prompt that cannot pass the watermark, voice and chat behind it.

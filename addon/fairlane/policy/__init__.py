@@ -7,7 +7,7 @@ simulator and the tests.
 from fairlane.policy.base import Policy
 from fairlane.policy.config import PolicyConfig, Slo
 from fairlane.policy.cost import CostModel, CostProfile, EmbedCost, LlmCost, SttCost
-from fairlane.policy.fcfs import FcfsScheduler
+from fairlane.policy.fcfs import FcfsScheduler, SeparateServers, SingleEngineFcfs
 from fairlane.policy.plan import (
     Admission,
     Chunk,
@@ -23,11 +23,17 @@ from fairlane.policy.plan import (
 from fairlane.policy.request import Kind, Priority, Request, Status
 from fairlane.policy.scheduler import FairlaneScheduler
 
-POLICIES: dict[str, type[Policy]] = {"fairlane": FairlaneScheduler, "fcfs": FcfsScheduler}
+# Fairlane's policy and the baselines it is measured against (see policy/fcfs.py).
+POLICIES: dict[str, type[Policy]] = {
+    "fairlane": FairlaneScheduler,
+    "separate": SeparateServers,
+    "vllm": SingleEngineFcfs,
+    "fcfs": FcfsScheduler,
+}
 
 
 def make_policy(name: str, config: PolicyConfig, cost: CostModel) -> Policy:
-    """The policy called `name` ('fairlane' or 'fcfs')."""
+    """The policy called `name` (one of POLICIES)."""
     try:
         return POLICIES[name](config, cost)
     except KeyError as err:
@@ -53,7 +59,9 @@ __all__ = [
     "PolicyConfig",
     "Priority",
     "Request",
+    "SeparateServers",
     "SeqOutput",
+    "SingleEngineFcfs",
     "Slo",
     "Status",
     "StepPlan",

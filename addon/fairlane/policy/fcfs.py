@@ -1,9 +1,18 @@
-"""The baseline: first come, first served, as Ollama, llama.cpp and vLLM do by default.
+"""Baselines: how work is served without Fairlane's classes, slices and fairness.
 
-No classes, no chunked prefill, no fairness, no slices. One FIFO over all work; the oldest
-request decides which engine runs next. LLM iterations still batch (continuous batching with
-whole-prompt prefill, like llama-server's slots), so the comparison is with a real server's
-default behaviour, not a strawman that runs one request at a time.
+- `separate` is what a household runs today: llama-server (or Ollama) for the LLM,
+  wyoming-faster-whisper for speech and an embedding server, as separate processes on one
+  device. Each server keeps its own FIFO; they do not coordinate, so the device runs their steps
+  in turn (the operating system or the GPU time-slices the processes). The LLM server batches
+  continuously: every generating slot decodes each iteration and prompts join in arrival order,
+  split at the server's batch size (llama-server's `n_batch`, this config's `max_batch_tokens`).
+  The speech server transcribes one request at a time.
+- `vllm` is one engine serving everything from one FIFO with chunked prefill, as a vLLM-style
+  server does: the oldest request decides what runs next; decodes go first, then prompt chunks
+  within the token budget.
+- `fcfs` is the same single FIFO without chunked prefill: a prompt joins its iteration whole.
+  No household stack works quite like it (it is kept as the simplest reference, and for the
+  real server's `--policy fcfs`).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from fairlane.policy.request import Kind, Priority, Request, Status
 
 class FcfsScheduler(Policy):
     name = "fcfs"
+    chunked_prefill = False  # a prompt larger than the token budget is split across iterations
 
     def __init__(self, config: PolicyConfig, cost: CostModel) -> None:
         super().__init__(config, cost)
@@ -42,16 +52,15 @@ class FcfsScheduler(Policy):
         return sum(1 for q in self.queues.values() for r in q if priority in (None, r.priority))
 
     def schedule(self, now: float) -> Plan:
-        """The engine whose oldest request (waiting or running) arrived first runs next."""
         heads = {k: q[0].arrival for k, q in self.queues.items() if q}
         if self.running:
             oldest_running = min(r.arrival for r in self.running.values())
             heads[Kind.LLM] = min(heads.get(Kind.LLM, oldest_running), oldest_running)
         if not heads:
             return IdlePlan()
-        kind = min(heads, key=lambda k: heads[k])
+        kind = self._next_kind(heads)
         if kind is Kind.STT:
-            taken = self._take(Kind.STT, self.config.stt_max_batch, now)
+            taken = self._take(Kind.STT, self._stt_batch, now)
             audio_s = sum(r.audio_s for r in taken)
             return SttPlan(
                 request_ids=tuple(r.id for r in taken),
@@ -70,6 +79,14 @@ class FcfsScheduler(Policy):
             )
         return self._plan_llm(now)
 
+    @property
+    def _stt_batch(self) -> int:
+        return self.config.stt_max_batch
+
+    def _next_kind(self, heads: dict[Kind, float]) -> Kind:
+        """One FIFO: the engine whose oldest request (waiting or running) arrived first."""
+        return min(heads, key=lambda k: heads[k])
+
     def _take(self, kind: Kind, limit: int, now: float) -> list[Request]:
         queue = self.queues[kind]
         taken = [queue.popleft() for _ in range(min(limit, len(queue)))]
@@ -78,13 +95,20 @@ class FcfsScheduler(Policy):
         return taken
 
     def _plan_llm(self, now: float) -> Plan:
-        """All running sequences advance; waiting prompts join whole, in arrival order."""
+        """Running sequences advance (decodes first when prompts are chunked); waiting prompts
+        join in arrival order."""
         batch = IterationBuilder(self.cost, self.config.max_batch_tokens, self.config.max_num_seqs)
         preempted: list[str] = []
-        for request in sorted(self.running.values(), key=lambda r: r.order):
+        if self.chunked_prefill:
+            order = sorted(self.running.values(), key=lambda r: (not r.is_decode, r.order))
+        else:
+            order = sorted(self.running.values(), key=lambda r: r.order)
+        for request in order:
             if request.status is not Status.RUNNING or len(batch.chunks) >= batch.max_seqs:
                 continue
-            tokens = request.remaining_prefill
+            tokens = self._prompt_part(request.remaining_prefill, batch)
+            if tokens <= 0:
+                continue
             # Without classes the newest running sequence yields, whatever it is.
             total = request.computed_tokens + tokens
             if self._make_room(request, total, batch, preempted, _newer_than(request)):
@@ -94,10 +118,8 @@ class FcfsScheduler(Policy):
             request = queue[0]
             if request.id in preempted:
                 break  # preempted for room in this very iteration: it waits for the next
-            tokens = request.remaining_prefill
-            # No chunking: a prompt joins whole, and the first one joins even when it is larger
-            # than the token budget (a server without chunked prefill has no other choice).
-            if batch.prefill and tokens > batch.token_room:
+            tokens = self._prompt_part(request.remaining_prefill, batch)
+            if tokens <= 0:
                 break
             held = request.kv_tokens(request.target_tokens)
             if not self.kv.can_hold(request.id, held):
@@ -109,6 +131,49 @@ class FcfsScheduler(Policy):
         if not batch.chunks:
             return IdlePlan(reason="waiting for KV space")
         return batch.plan(preempted)
+
+    def _prompt_part(self, remaining: int, batch: IterationBuilder) -> int:
+        """How much of a prompt (or a decode's one token) joins this iteration; 0: it waits."""
+        if self.chunked_prefill:
+            return min(remaining, batch.token_room)
+        # Whole prompts: the first joins even when it is larger than the token budget (a server
+        # without chunked prefill has no other choice); later ones only if they fit.
+        if batch.prefill and remaining > batch.token_room:
+            return 0
+        return remaining
+
+
+class SingleEngineFcfs(FcfsScheduler):
+    """vLLM-like: one engine, one FIFO over all work, chunked prefill within the token budget."""
+
+    name = "vllm"
+    chunked_prefill = True
+
+
+class SeparateServers(FcfsScheduler):
+    """llama-server, wyoming-faster-whisper and an embedding server sharing one device."""
+
+    name = "separate"
+    chunked_prefill = True  # llama-server splits prompts at n_batch
+
+    def __init__(self, config: PolicyConfig, cost: CostModel) -> None:
+        super().__init__(config, cost)
+        self._last: Kind | None = None
+
+    @property
+    def _stt_batch(self) -> int:
+        return 1  # wyoming-faster-whisper transcribes one request at a time
+
+    def _next_kind(self, heads: dict[Kind, float]) -> Kind:
+        """The servers that have work take the device in turn, one step each."""
+        kinds = list(Kind)
+        start = 0 if self._last is None else kinds.index(self._last) + 1
+        for offset in range(len(kinds)):
+            kind = kinds[(start + offset) % len(kinds)]
+            if kind in heads:
+                self._last = kind
+                return kind
+        raise AssertionError("no engine has work")  # heads is never empty here
 
 
 def _newer_than(request: Request) -> Callable[[Request], bool]:

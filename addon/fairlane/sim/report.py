@@ -141,14 +141,16 @@ def format_table(reports: list[dict[str, Any]]) -> str:
             "Jain (SLO attainment across clients) "
             f"{report['fairness']['jain_slo_attainment']}"
         )
-    if len(reports) == 2:
-        a, b = reports
-        if b["background"]["backlog_tokens_per_s"]:
+    first = reports[0]
+    for other in reports[1:]:
+        if other["background"]["backlog_tokens_per_s"]:
             ratio = (
-                a["background"]["backlog_tokens_per_s"] / b["background"]["backlog_tokens_per_s"]
+                first["background"]["backlog_tokens_per_s"]
+                / other["background"]["backlog_tokens_per_s"]
             )
             lines.append(
-                f"background backlog throughput {a['policy']} / {b['policy']}: {ratio:.2f}"
+                f"background backlog throughput {first['policy']} / {other['policy']}: "
+                f"{ratio:.2f}"
             )
     return "\n".join(lines)
 
