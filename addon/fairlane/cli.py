@@ -74,6 +74,8 @@ def _bench(args: argparse.Namespace) -> int:
         from fairlane.bench.speech import speech
 
         result = speech(Path(args.fixtures), threads)
+    elif args.what == "family":
+        result = _bench_family(args, threads)
     elif args.what == "throughput":
         result = llm.throughput(args.streams, threads, args.max_tokens)
     else:
@@ -85,6 +87,38 @@ def _bench(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
+
+
+def _bench_family(args: argparse.Namespace, threads: int) -> object:
+    from fairlane.bench.family import PHASES, TARGETS, family, format_ratios, format_rows
+    from fairlane.sim import default_workload, scenario
+
+    targets = [t for t in args.targets.split(",") if t]
+    phases = [p for p in args.phases.split(",") if p]
+    if unknown := [t for t in targets if t not in TARGETS] + [p for p in phases if p not in PHASES]:
+        raise ValueError(f"unknown target or phase {unknown}: targets {TARGETS}, phases {PHASES}")
+    # The workload's SLOs as the simulator scales them for this device's profile.
+    scn = scenario(args.workload or default_workload(), args.profile, duration_s=args.duration)
+    audio = Path(args.fixtures) if args.fixtures else None
+    print(
+        f"bench family: {scn.workload.name}, {scn.workload.duration_s:.0f} s a phase, "
+        f"targets {', '.join(targets)}, phases {', '.join(phases)}, {args.rounds} rounds, "
+        f"{threads} threads; SLOs as on profile {args.profile}",
+        flush=True,
+    )
+    result = family(scn.workload, targets, phases, args.rounds, threads, audio)
+    print()
+    print(format_rows(result["reports"]))
+    print()
+    print(format_ratios(result["ratios"]))
+    result["workload"] = scn.workload.name
+    result["slo"] = {p.label: vars(s) for p, s in scn.workload.slo.items()}
+    if args.plot:
+        from fairlane.bench.family import plot
+
+        plot(result, Path(args.plot))
+        print(f"plot: {args.plot}")
+    return result
 
 
 def _key_value(item: str) -> tuple[str, float]:
@@ -149,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks (printed figures)")
     bench.add_argument(
-        "what", choices=["scheduler", "engine", "throughput", "interference", "speech", "embed"]
+        "what",
+        choices=["scheduler", "engine", "throughput", "interference", "speech", "embed", "family"],
     )
     bench.add_argument(
         "--sizes", type=int, nargs="+", default=[8, 64, 256], help="scheduler: running sequences"
@@ -162,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-tokens", type=int, default=64, help="throughput: tokens a stream")
     bench.add_argument("--chats", type=int, default=10, help="interference: chat turns per phase")
     bench.add_argument(
-        "--rounds", type=int, default=2, help="interference: rounds of each policy, alternating"
+        "--rounds", type=int, default=2, help="interference, family: rounds of each, alternating"
     )
     bench.add_argument(
         "--background", type=int, default=2, help="interference: concurrent background streams"
@@ -176,10 +211,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--fixtures",
         default="tests/fixtures/speech",
-        help="speech: folder of WAV commands with commands.json",
+        help="speech, family: folder of WAV commands (speech: with commands.json)",
     )
     bench.add_argument("--texts", type=int, default=1024, help="embed: texts in the bulk job")
     bench.add_argument("--backend", default="onnx-int8", help="embed: the server's backend")
+    bench.add_argument("--workload", help="family: workload YAML (default: the family evening)")
+    bench.add_argument(
+        "--targets", default="fairlane,fcfs,separate", help="family: servers, comma-separated"
+    )
+    bench.add_argument(
+        "--phases", default="interactive,background,mixed", help="family: phases, comma-separated"
+    )
+    bench.add_argument("--profile", default="cpu-2core", help="family: the profile for the SLOs")
+    bench.add_argument("--duration", type=float, help="family: seconds a phase (default: all)")
+    bench.add_argument("--plot", help="family: write a PNG of the results here")
     bench.add_argument("--json", help="write the figures here")
     bench.set_defaults(func=_bench)
     return parser

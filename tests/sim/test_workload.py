@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from fairlane.policy import Kind, Priority
 from fairlane.sim import default_workload
-from fairlane.sim.workload import Sampler, build, load
+from fairlane.sim.workload import WORKLOAD_SCHEMA, Sampler, build, load
 
 
 def test_family_workload_has_every_kind_of_household_work() -> None:
@@ -38,3 +41,77 @@ def test_an_empty_household_has_no_jobs() -> None:
     data = {"name": "empty", "duration_s": 10, "seed": 0, "clients": [], "classes": {},
             "cpu_slo_scale": 1.0}
     assert build(data).jobs == ()
+
+
+# --- what households have: members, shared prompts, recordings, clients that wait ----------------
+
+SPEECH = Path(__file__).resolve().parents[1] / "fixtures" / "speech"
+
+
+def _household(**classes: object) -> dict:
+    return {"name": "h", "duration_s": 60, "seed": 1, "clients": [], "classes": classes,
+            "cpu_slo_scale": 1.0}
+
+
+def test_a_member_has_their_own_prompt_sizes() -> None:
+    chat = {"clients": ["teen", "parent"], "arrivals": {"poisson": {"per_min": 60}},
+            "prompt_tokens": 100, "output_tokens": 10, "shared_prefix_tokens": 40,
+            "per_client": {"teen": {"prompt_tokens": 2000}}}
+    workload = build(WORKLOAD_SCHEMA(_household(chat=chat)))
+    sizes = {j.client: j.prompt_tokens for j in workload.jobs}
+    assert sizes == {"teen": 2000, "parent": 100}
+    assert {j.prefix_tokens for j in workload.jobs} == {40}
+
+
+def test_spoken_commands_take_their_recordings_lengths(tmp_path) -> None:
+    voice = {"clients": ["a"], "arrivals": {"poisson": {"per_min": 30}}, "audio_s": 99,
+             "audio_dir": str(SPEECH),
+             "llm_turn": {"prompt_tokens": 700, "output_tokens": 20, "shared_prefix_tokens": 600}}
+    workload = build(WORKLOAD_SCHEMA(_household(voice=voice)))
+    spoken = [j for j in workload.jobs if j.kind is Kind.STT]
+    assert spoken and all(j.audio_file and j.audio_file.endswith(".wav") for j in spoken)
+    assert all(1.0 < j.audio_s < 5.0 for j in spoken)  # the files' lengths, not 99 s
+    assert all(j.then is not None and j.then.prefix_tokens == 600 for j in spoken)
+    voice["audio_dir"] = str(tmp_path)
+    with pytest.raises(ValueError, match=r"no \.wav"):
+        build(WORKLOAD_SCHEMA(_household(voice=voice)))
+
+
+def test_a_backlog_with_in_flight_and_a_closed_loop_client_become_loops() -> None:
+    background = {
+        "documents": {"count": 5, "tokens_per_doc": 600, "chunk_tokens": 256, "in_flight": 2},
+        "summaries": {"count": 3, "prompt_tokens": 5000, "output_tokens": 50, "in_flight": 1},
+    }
+    data = _household(background=background)
+    data["closed_loop"] = [{"client": "teen", "group": "chat", "in_flight": 1,
+                           "prompt_tokens": 300, "output_tokens": 30}]
+    workload = build(WORKLOAD_SCHEMA(data))
+    assert workload.jobs == ()  # nothing arrives at a fixed time: the clients pace themselves
+    loops = {loop.name: loop for loop in workload.loops}
+    assert [len(unit) for unit in loops["documents"].units] == [3] * 5  # 256 + 256 + 88
+    assert loops["summaries"].in_flight == 1 and len(loops["summaries"].units) == 3
+    assert loops["summaries"].units[0][-1].then is not None  # pieces, then their summary
+    chat = loops["teen-0"]
+    assert chat.until == 60 and chat.units[0][0].priority is Priority.CHAT
+    assert workload.cut(30).loops[-1].until == 30
+
+
+def test_the_simulator_keeps_a_closed_loop_clients_requests_in_flight() -> None:
+    from fairlane.sim import scenario, simulate
+
+    scn = scenario(default_workload(), "rtx4090", duration_s=20)
+    data = _household(background={
+        "documents": {"count": 50, "tokens_per_doc": 1000, "chunk_tokens": 256, "in_flight": 1}})
+    data["duration_s"] = 20
+    data["closed_loop"] = [{"client": "teen", "group": "chat", "in_flight": 2,
+                           "prompt_tokens": 300, "output_tokens": 30}]
+    workload = build(WORKLOAD_SCHEMA(data))
+    result = simulate(replace(scn, workload=replace(workload, slo=scn.workload.slo)), "fairlane")
+    chats = [r for r in result.records if r.group == "chat"]
+    documents = [r for r in result.records if r.group == "document"]
+    assert len(documents) == 50 * 4  # every document, one at a time, to the end of the backlog
+    # Never more than two chat turns outstanding: each starts when an earlier one ends.
+    for record in chats:
+        outstanding = [r for r in chats if r.arrival <= record.arrival < (r.finished_at or 1e9)]
+        assert len(outstanding) <= 2
+    assert max(r.arrival for r in chats) < 20 and len(chats) > 10

@@ -122,8 +122,11 @@ def llama_server_binary() -> Path:
     return path
 
 
-def llama_server(parallel: int, threads: int) -> ServerProcess:
-    """llama.cpp's server with N slots (continuous batching), CPU only, same GGUF and threads."""
+def llama_server(parallel: int, threads: int, unified: bool = True) -> ServerProcess:
+    """llama.cpp's server with N slots (continuous batching), CPU only, same GGUF and threads.
+
+    `unified`: the slots share one KV cache of the whole context (`--kv-unified`), as
+    Fairlane's engine does; without it each slot gets 1/N of the context."""
     port = free_port()
     argv = [
         str(llama_server_binary()),
@@ -143,6 +146,7 @@ def llama_server(parallel: int, threads: int) -> ServerProcess:
         "0",
         "--jinja",
         "--no-webui",
+        *(["--kv-unified"] if unified else []),
     ]
     return ServerProcess(argv, port)
 

@@ -7,8 +7,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,8 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """A server started as a subprocess, ready once /health answers; stopped on exit."""
+    """A server started as a subprocess, ready once /health answers (or `ready(port)` says so);
+    stopped on exit."""
 
     def __init__(
         self,
@@ -32,23 +35,29 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         ready_path: str = "/health",
         timeout_s: float = 180,
+        ready: Callable[[int], bool] | None = None,
     ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115
         self.process = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        is_ready = ready or (lambda _: self._http_ready(ready_path))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited: {Path(self.log.name).read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(self.url + ready_path, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.2)
+            if is_ready(port):
+                return
+            time.sleep(0.2)
         self.close()
         raise RuntimeError(f"server not ready in {timeout_s:.0f} s")
+
+    def _http_ready(self, path: str) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=2) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
 
     def close(self) -> None:
         self.process.terminate()
@@ -106,8 +115,12 @@ def stream_chat(
     max_tokens: int,
     extra: dict[str, Any] | None = None,
     token: str | None = None,
+    stop: threading.Event | None = None,
 ) -> StreamTiming:
-    """POST a streaming chat completion and time every content chunk (plain HTTP, no SDK)."""
+    """POST a streaming chat completion and time every content chunk (plain HTTP, no SDK).
+
+    When `stop` is set the client hangs up (the server cancels the stream), and the timing
+    says it was stopped."""
     body = {
         "model": "default",
         "messages": messages,
@@ -128,6 +141,9 @@ def stream_chat(
     try:
         with urllib.request.urlopen(request, timeout=600) as response:
             for raw in response:
+                if stop is not None and stop.is_set():
+                    timing.error = "stopped by the client"
+                    break
                 line = raw.decode().strip()
                 if not line.startswith("data:") or line == "data: [DONE]":
                     continue

@@ -175,12 +175,20 @@ class FairlaneScheduler(Policy):
 
         Background owed its share (rule 8) comes first, its lanes by least recent device time;
         then an embedding step that fits the slack before the next interactive decode is due;
-        then every lane by its most urgent class, speech before the LLM before embeddings.
+        then every lane by its most urgent class: interactive lanes speech before the LLM,
+        background lanes by least recent device time (documents keep being indexed while
+        summaries run, and the other way round).
         """
         pending = self._pending_lanes()
         if not pending:
             return []
-        ranked = sorted(pending.items(), key=lambda kv: (kv[1], LANE_ORDER[kv[0]]))
+
+        def rank(lane: tuple[Kind, Priority]) -> tuple[Priority, float, int]:
+            kind, priority = lane
+            share = 0.0 if priority.interactive else self.lane_share.share(kind, now)
+            return priority, share, LANE_ORDER[kind]
+
+        ranked = sorted(pending.items(), key=rank)
         background = self._background_lanes()
         choices: list[LaneChoice] = []
         if background and ranked[0][1].interactive and self._background_owed(now):

@@ -35,8 +35,7 @@ def scenario(
     """A workload on a profile, with the workload's SLOs scaled for the profile (CPU: ×8)."""
     workload = load_workload(workload_path)
     if duration_s is not None:
-        jobs = tuple(j for j in workload.jobs if j.at < duration_s)
-        workload = Workload(workload.name, duration_s, jobs, workload.slo, workload.cpu_slo_scale)
+        workload = workload.cut(duration_s)
     _, device = load_profile(profile)
     # The budgets `fairlane serve` gives the policy with its default engine: a simulated table
     # is a claim about the server that ships.
@@ -46,9 +45,7 @@ def scenario(
     scaled = replace(base, slo=slos)
     if device == "cpu":
         scaled = scaled.scaled(workload.cpu_slo_scale)
-    scaled_workload = Workload(
-        workload.name, workload.duration_s, workload.jobs, dict(scaled.slo), workload.cpu_slo_scale
-    )
+    scaled_workload = replace(workload, slo=dict(scaled.slo))
     return Scenario(scaled_workload, profile, scaled)
 
 

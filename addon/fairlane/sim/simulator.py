@@ -27,7 +27,7 @@ from fairlane.policy import (
     StepResult,
 )
 from fairlane.policy.base import class_seconds
-from fairlane.sim.workload import Job, Workload
+from fairlane.sim.workload import Job, Loop, Workload
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,21 @@ class Simulator:
         self._live: dict[str, tuple[Job, RequestRecord]] = {}
         self.records: list[RequestRecord] = []
         self.steps: list[Step] = []
+        # Closed loops: each job's unit, each unit's unfinished jobs, each loop's next unit.
+        self._unit_of: dict[int, tuple[Loop, int]] = {}
+        self._open: dict[tuple[str, int], int] = {}
+        self._next_unit: dict[str, int] = {}
+        # Shared prompt prefixes the engine holds (cached once a request with one has run).
+        self._cached_prefixes: set[tuple[str, int]] = set()
 
     def run(self, max_time: float | None = None) -> SimResult:
         """Simulate until every job is done (or `max_time`, default 4× the workload's duration)."""
         horizon = max_time if max_time is not None else 4 * self.workload.duration_s
         for job in self.workload.jobs:
             self._push(job.at, job)
+        for loop in self.workload.loops:
+            for _ in range(loop.in_flight):
+                self._start_unit(loop, 0.0)
         now = 0.0
         while now <= horizon:
             self._deliver(now)
@@ -100,6 +109,35 @@ class Simulator:
 
     def _push(self, at: float, job: Job) -> None:
         heapq.heappush(self._queue, (at, next(self._ids), job))
+
+    def _start_unit(self, loop: Loop, at: float) -> None:
+        """A closed loop's next unit of work arrives (if it has one and its time is not up)."""
+        index = self._next_unit.get(loop.name, 0)
+        if index >= len(loop.units) or (loop.until is not None and at >= loop.until):
+            return
+        self._next_unit[loop.name] = index + 1
+        jobs = loop.units[index]
+        self._open[(loop.name, index)] = sum(_chain_length(job) for job in jobs)
+        for job in jobs:
+            self._unit_of[id(job)] = (loop, index)
+            self._push(at, job)
+
+    def _job_ended(self, job: Job, at: float, ran: bool) -> None:
+        """Finished (`ran`), refused or given up: a closed loop sends its next unit when the
+        last job of one ends (a job that did not run takes its `then` chain with it)."""
+        owner = self._unit_of.pop(id(job), None)
+        if owner is None:
+            return
+        loop, index = owner
+        skipped = 0
+        if job.then is not None:
+            if ran:
+                self._unit_of[id(job.then)] = owner
+            else:
+                skipped = _chain_length(job.then)
+        self._open[(loop.name, index)] -= 1 + skipped
+        if self._open[(loop.name, index)] == 0:
+            self._start_unit(loop, at)
 
     def _next_arrival(self) -> float | None:
         return self._queue[0][0] if self._queue else None
@@ -126,6 +164,10 @@ class Simulator:
                 job.kind, job.priority, job.client, job.group, at, prompt_tokens=job.prompt_tokens
             )
             self.records.append(record)
+            if job.prefix_tokens and (job.group, job.prefix_tokens) in self._cached_prefixes:
+                # The engine holds the shared prefix: only the rest of the prompt is prefilled.
+                cached = min(job.prefix_tokens, job.prompt_tokens - 1)
+                request.computed_tokens = request.cached_tokens = cached
             admission = self.policy.add(request, now)
             if admission.accepted:
                 self._live[request.id] = (job, record)
@@ -133,14 +175,16 @@ class Simulator:
                     heapq.heappush(self._give_ups, (at + patience, request.id))
             else:
                 record.refused = admission.reason
+                self._job_ended(job, now, ran=False)
 
     def _cancel_overdue(self, now: float) -> None:
         """Clients that waited longer than they would: their requests are cancelled."""
         while self._give_ups and self._give_ups[0][0] <= now:
             _, request_id = heapq.heappop(self._give_ups)
             if request_id in self._live and self.policy.cancel(request_id, now):
-                _, record = self._live.pop(request_id)
+                job, record = self._live.pop(request_id)
                 record.refused = "cancelled: the client gave up"
+                self._job_ended(job, now, ran=False)
 
     # --- steps -----------------------------------------------------------------------------
 
@@ -152,7 +196,10 @@ class Simulator:
         self.steps.append(Step(start, end, plan.kind, class_seconds(plan, elapsed)))
         for output in outputs:
             if output.new_tokens and output.request_id in self._live:
-                self._live[output.request_id][1].token_times.append(end)
+                job, record = self._live[output.request_id]
+                record.token_times.append(end)
+                if job.prefix_tokens:  # prefilled: the engine holds the prefix from now on
+                    self._cached_prefixes.add((job.group, job.prefix_tokens))
         for request in finished:
             if request.id not in self._live:
                 continue
@@ -160,6 +207,7 @@ class Simulator:
             record.finished_at = end
             if job.then is not None:
                 self._push(end, job.then)
+            self._job_ended(job, end, ran=True)
         return end
 
     def _duration(self, plan: StepPlan) -> float:
@@ -186,3 +234,11 @@ class Simulator:
             eos = request.output_tokens + 1 >= job.output_tokens
             outputs.append(SeqOutput(chunk.request_id, new_tokens=1, finished=eos))
         return tuple(outputs)
+
+
+def _chain_length(job: Job) -> int:
+    """The job and the jobs that start when it finishes."""
+    length = 1
+    while job.then is not None:
+        job, length = job.then, length + 1
+    return length

@@ -1,13 +1,25 @@
 """Household workloads: read a workload YAML (shared/workloads/family.yaml) into timed jobs.
 
+The simulator and `fairlane bench family` read the same file.
+
 Distributions: a fixed number, `{uniform: [lo, hi]}`, or `{lognormal: {median, p95}}`.
 Arrivals: `{poisson: {per_min}}` or `{poisson_bursts: {bursts_per_min, burst_size, gap_s}}`.
+
+What households have besides arrivals:
+- `per_client`: a member's own distributions in a class (one sends long prompts, others short);
+- `shared_prefix_tokens`: the leading part of a prompt that every request of the class shares
+  (Home Assistant's system prompt); the rest of every prompt is unique;
+- `audio_dir`: spoken commands from a folder of WAV files (relative to the workload file);
+  their lengths replace `audio_s`;
+- `in_flight` on documents and summaries, and `closed_loop` clients: a client that keeps N units
+  of work going and sends the next when one ends, instead of all of it at once.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import wave
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +54,10 @@ _ARRIVALS = vol.Any(
 )
 _SLO = vol.Any(None, {vol.Optional(k): vol.Coerce(float) for k in ("stt_ms", "ttft_ms", "itl_ms")})
 _LLM: dict[Any, Any] = {vol.Required("prompt_tokens"): _DIST, vol.Required("output_tokens"): _DIST}
+_SIZES = {vol.Optional(k): _DIST for k in ("prompt_tokens", "output_tokens", "audio_s")}
+_PER_CLIENT = {vol.Optional("per_client"): {str: _SIZES}}
+_SHARED = {vol.Optional("shared_prefix_tokens", default=0): vol.All(int, vol.Range(min=0))}
+_IN_FLIGHT = vol.All(int, vol.Range(min=1))
 WORKLOAD_SCHEMA = vol.Schema(
     {
         vol.Required("name"): str,
@@ -55,8 +71,10 @@ WORKLOAD_SCHEMA = vol.Schema(
                 vol.Required("clients"): [str],
                 vol.Required("arrivals"): _ARRIVALS,
                 vol.Required("audio_s"): _DIST,
-                vol.Required("llm_turn"): _LLM,
+                vol.Optional("audio_dir"): str,
+                vol.Required("llm_turn"): {**_LLM, **_SHARED},
                 vol.Optional("slo"): _SLO,
+                **_PER_CLIENT,
             },
             vol.Optional("chat"): {
                 vol.Required("clients"): [str],
@@ -64,6 +82,8 @@ WORKLOAD_SCHEMA = vol.Schema(
                 vol.Required("prompt_tokens"): _DIST,
                 vol.Required("output_tokens"): _DIST,
                 vol.Optional("slo"): _SLO,
+                **_SHARED,
+                **_PER_CLIENT,
             },
             vol.Optional("background"): {
                 vol.Optional("automations"): {
@@ -76,19 +96,35 @@ WORKLOAD_SCHEMA = vol.Schema(
                     vol.Required("tokens_per_doc"): _DIST,
                     vol.Required("chunk_tokens"): int,
                     vol.Optional("client", default="documents"): str,
+                    vol.Optional("in_flight"): _IN_FLIGHT,
                 },
                 vol.Optional("summaries"): {
                     vol.Required("count"): int,
                     vol.Optional("client", default="summaries"): str,
+                    vol.Optional("in_flight"): _IN_FLIGHT,
                     **_LLM,
                 },
                 vol.Optional("slo"): _SLO,
             },
         },
+        vol.Optional("closed_loop", default=[]): [
+            {
+                vol.Required("client"): str,
+                vol.Required("group"): vol.In(["chat", "automation", "summary"]),
+                vol.Required("in_flight"): _IN_FLIGHT,
+                **_LLM,
+                **_SHARED,
+            }
+        ],
         vol.Optional("cpu_slo_scale", default=1.0): vol.Coerce(float),
     },
     extra=vol.ALLOW_EXTRA,
 )
+_GROUP_PRIORITY = {
+    "chat": Priority.CHAT,
+    "automation": Priority.BACKGROUND,
+    "summary": Priority.BACKGROUND,
+}
 
 
 @dataclass(frozen=True)
@@ -104,6 +140,21 @@ class Job:
     output_tokens: int = 0  # what the (simulated) model will generate before its EOS
     audio_s: float = 0.0
     then: Job | None = None
+    prefix_tokens: int = 0  # the first tokens of the prompt, shared with the class's others
+    audio_file: str | None = None  # a spoken command's recording (bench family sends it)
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A closed loop: a client that keeps `in_flight` units going and starts the next when one
+    ends (an indexer with N documents in flight, a member who types the next turn when the
+    last is answered). A unit is one request, a document's chunks or a summary's pieces (with
+    their `then`). Endless loops (`until`) start no unit after the workload's end."""
+
+    name: str
+    in_flight: int
+    units: tuple[tuple[Job, ...], ...]
+    until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +164,16 @@ class Workload:
     jobs: tuple[Job, ...]
     slo: dict[Priority, Slo] = field(default_factory=dict)
     cpu_slo_scale: float = 1.0
+    loops: tuple[Loop, ...] = ()
+
+    def cut(self, duration_s: float) -> Workload:
+        """Only the arrivals before `duration_s` (endless loops end there too)."""
+        loops = tuple(
+            replace(loop, until=duration_s) if loop.until is not None else loop
+            for loop in self.loops
+        )
+        jobs = tuple(j for j in self.jobs if j.at < duration_s)
+        return replace(self, duration_s=duration_s, jobs=jobs, loops=loops)
 
 
 class Sampler:
@@ -163,21 +224,43 @@ def load(path: str | Path) -> Workload:
         data = WORKLOAD_SCHEMA(yaml.safe_load(Path(path).read_text()))
     except vol.Invalid as err:
         raise ValueError(f"workload {path}: {err}") from err
-    return build(data)
+    return build(data, Path(path).parent)
 
 
-def build(data: dict[str, Any]) -> Workload:
+def _sizes(spec: dict[str, Any], client: str, part: str | None = None) -> dict[str, Any]:
+    """The class's distributions (or its `part`'s), with the client's own where it has them."""
+    own = (spec.get("per_client") or {}).get(client, {})
+    return {**(spec[part] if part else spec), **own}
+
+
+def _recordings(folder: Path) -> list[tuple[str, float]]:
+    """The WAV files in `folder` (sorted) with their lengths in seconds."""
+    found = []
+    for path in sorted(folder.glob("*.wav")):
+        with wave.open(str(path), "rb") as wav:
+            found.append((str(path), wav.getnframes() / wav.getframerate()))
+    if not found:
+        raise ValueError(f"audio_dir {folder}: no .wav files")
+    return found
+
+
+def build(data: dict[str, Any], base: Path | None = None) -> Workload:
     sampler = Sampler(data["seed"])
     duration = data["duration_s"]
     classes = data["classes"]
     jobs: list[Job] = []
+    loops: list[Loop] = []
     slo: dict[Priority, Slo] = {}
 
     if voice := classes.get("voice"):
         slo[Priority.VOICE] = _slo(voice.get("slo"))
-        for at in sampler.arrivals(voice["arrivals"], duration):
+        recordings = (
+            _recordings((base or Path.cwd()) / voice["audio_dir"]) if "audio_dir" in voice else []
+        )
+        for index, at in enumerate(sampler.arrivals(voice["arrivals"], duration)):
             client = sampler.rng.choice(voice["clients"])
-            turn = voice["llm_turn"]
+            sizes = _sizes(voice, client)
+            turn = _sizes(voice, client, "llm_turn")
             reply = Job(
                 at,
                 "voice",
@@ -186,6 +269,12 @@ def build(data: dict[str, Any]) -> Workload:
                 client,
                 prompt_tokens=sampler.tokens(turn["prompt_tokens"]),
                 output_tokens=sampler.tokens(turn["output_tokens"]),
+                prefix_tokens=turn["shared_prefix_tokens"],
+            )
+            audio_file, audio_s = (
+                recordings[index % len(recordings)]
+                if recordings
+                else (None, sampler.draw(sizes["audio_s"]))
             )
             # `at` is the end of the utterance: STT's clock starts when the person stops talking.
             jobs.append(
@@ -195,34 +284,39 @@ def build(data: dict[str, Any]) -> Workload:
                     Kind.STT,
                     Priority.VOICE,
                     client,
-                    audio_s=sampler.draw(voice["audio_s"]),
+                    audio_s=audio_s,
                     then=reply,
+                    audio_file=audio_file,
                 )
             )
 
     if chat := classes.get("chat"):
         slo[Priority.CHAT] = _slo(chat.get("slo"))
         for at in sampler.arrivals(chat["arrivals"], duration):
+            client = sampler.rng.choice(chat["clients"])
+            sizes = _sizes(chat, client)
             jobs.append(
                 Job(
                     at,
                     "chat",
                     Kind.LLM,
                     Priority.CHAT,
-                    sampler.rng.choice(chat["clients"]),
-                    prompt_tokens=sampler.tokens(chat["prompt_tokens"]),
-                    output_tokens=sampler.tokens(chat["output_tokens"]),
+                    client,
+                    prompt_tokens=sampler.tokens(sizes["prompt_tokens"]),
+                    output_tokens=sampler.tokens(sizes["output_tokens"]),
+                    prefix_tokens=chat["shared_prefix_tokens"],
                 )
             )
 
     background = classes.get("background") or {}
     slo[Priority.BACKGROUND] = _slo(background.get("slo"))
     if docs := background.get("documents"):
+        documents = []
         for _ in range(docs["count"]):
             tokens = sampler.tokens(docs["tokens_per_doc"])
             size = docs["chunk_tokens"]
-            for start in range(0, tokens, size):
-                jobs.append(
+            documents.append(
+                tuple(
                     Job(
                         0.0,
                         "document",
@@ -231,14 +325,28 @@ def build(data: dict[str, Any]) -> Workload:
                         docs["client"],
                         prompt_tokens=min(size, tokens - start),
                     )
+                    for start in range(0, tokens, size)
                 )
-    if summaries := background.get("summaries"):
-        for _ in range(summaries["count"]):
-            jobs += summary_jobs(
-                summaries["client"],
-                sampler.tokens(summaries["prompt_tokens"]),
-                sampler.tokens(summaries["output_tokens"]),
             )
+        if "in_flight" in docs:
+            loops.append(Loop("documents", docs["in_flight"], tuple(documents)))
+        else:
+            jobs += [job for document in documents for job in document]
+    if summaries := background.get("summaries"):
+        units = [
+            tuple(
+                summary_jobs(
+                    summaries["client"],
+                    sampler.tokens(summaries["prompt_tokens"]),
+                    sampler.tokens(summaries["output_tokens"]),
+                )
+            )
+            for _ in range(summaries["count"])
+        ]
+        if "in_flight" in summaries:
+            loops.append(Loop("summaries", summaries["in_flight"], tuple(units)))
+        else:
+            jobs += [job for unit in units for job in unit]
     if autos := background.get("automations"):
         for at in sampler.arrivals(autos["arrivals"], duration):
             jobs.append(
@@ -253,8 +361,32 @@ def build(data: dict[str, Any]) -> Workload:
                 )
             )
 
+    for index, spec in enumerate(data.get("closed_loop", [])):
+        loops.append(_closed_loop(f"{spec['client']}-{index}", spec, sampler, duration))
+
     jobs.sort(key=lambda j: j.at)
-    return Workload(data["name"], duration, tuple(jobs), slo, data["cpu_slo_scale"])
+    return Workload(
+        data["name"], duration, tuple(jobs), slo, data["cpu_slo_scale"], tuple(loops)
+    )
+
+
+def _closed_loop(name: str, spec: dict[str, Any], sampler: Sampler, duration: float) -> Loop:
+    """An endless client, drawn ahead: more units than it could send before the end (a unit
+    takes at least one step of about a millisecond; at most 10,000 are drawn)."""
+    units = []
+    for _ in range(min(10_000, max(100, int(duration * 20)))):
+        job = Job(
+            0.0,
+            spec["group"],
+            Kind.LLM,
+            _GROUP_PRIORITY[spec["group"]],
+            spec["client"],
+            prompt_tokens=sampler.tokens(spec["prompt_tokens"]),
+            output_tokens=sampler.tokens(spec["output_tokens"]),
+            prefix_tokens=spec["shared_prefix_tokens"],
+        )
+        units.append((job,))
+    return Loop(name, spec["in_flight"], tuple(units), until=duration)
 
 
 def summary_jobs(client: str, prompt_tokens: int, output_tokens: int) -> list[Job]:
