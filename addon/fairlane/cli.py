@@ -6,6 +6,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from fairlane import __version__
 from fairlane.policy import POLICIES
@@ -121,6 +124,66 @@ def _bench_family(args: argparse.Namespace, threads: int) -> object:
     return result
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from fairlane import tune
+    from fairlane.sim import default_workload, scenario
+
+    threads = args.threads or _default_threads()
+    profile = args.profile
+    if args.calibrate:
+        print(f"calibrating the cost model on this machine ({threads} threads)", flush=True)
+        data = tune.calibrate(threads, Path(args.fixtures))
+        path = Path(args.out).with_suffix(".profile.yaml")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        print(f"profile: {path}\n{yaml.safe_dump(data, sort_keys=False)}")
+        profile = str(path)
+    scn = scenario(args.workload or default_workload(), profile, duration_s=args.duration)
+    print(
+        f"searching the policy settings on {scn.workload.name} ({scn.workload.duration_s:.0f} "
+        f"s), profile {profile}: the most background work with every interactive row within "
+        f"its SLO for {args.attainment:.0%} of its requests",
+        flush=True,
+    )
+    trials = tune.search(scn, args.attainment, passes=args.passes)
+    best = trials[0]
+    if best.feasible(args.attainment):
+        verdict = f"meets every interactive SLO for {best.worst:.0%} or more of requests"
+    else:
+        verdict = (
+            f"MISSED: no setting tried meets {args.attainment:.0%}; this one comes closest "
+            f"(worst row {best.worst:.0%})"
+        )
+    start = {k: float(getattr(scn.config, k)) for k in tune.SEARCH_SPACE}
+    default = next(t for t in trials if t.settings == start)  # the server's own settings
+    print(f"\n{len(trials)} settings simulated. Best: {tune._describe(best.settings)}")
+    print(f"  {verdict}")
+    print(
+        f"  background {best.background_llm_tokens_per_s} LLM tok/s (defaults: "
+        f"{default.background_llm_tokens_per_s}), {best.embedded_tokens_per_s} embedded tok/s "
+        f"(defaults: {default.embedded_tokens_per_s}); worst SLO met {best.worst:.0%} "
+        f"(defaults: {default.worst:.0%})"
+    )
+    result: dict[str, Any] = {
+        "workload": scn.workload.name,
+        "profile": profile,
+        "attainment": args.attainment,
+        "trials": [vars(t) for t in trials],
+    }
+    if args.verify:
+        print(f"\nverifying the best {args.verify} on the real server (mixed phase)", flush=True)
+        rows = tune.verify(scn.workload, trials[: args.verify], threads, Path(args.fixtures))
+        print(tune.format_verification(rows))
+        result["verified"] = rows
+    note = f"fairlane tune on {scn.workload.name}, profile {profile}: {verdict}"
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(tune.config_file(best.settings, note))
+    print(f"\nconfiguration: {args.out} (fairlane serve --config {args.out})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
 def _key_value(item: str) -> tuple[str, float]:
     key, _, value = item.partition("=")
     try:
@@ -180,6 +243,26 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", help="write the report here")
     sim.add_argument("--plot", help="write a PNG of TTFT CDFs and device occupancy here")
     sim.set_defaults(func=_simulate)
+
+    tune = sub.add_parser(
+        "tune", help="find the policy settings with the most background work within the SLOs"
+    )
+    tune.add_argument("--workload", help="workload YAML (default: the family evening)")
+    tune.add_argument("--profile", default="cpu-2core", help="cost profile name or YAML path")
+    tune.add_argument(
+        "--calibrate", action="store_true", help="time this machine's engines for the profile"
+    )
+    tune.add_argument(
+        "--attainment", type=float, default=0.95, help="fraction of each row within its SLO"
+    )
+    tune.add_argument("--passes", type=int, default=2, help="rounds of coordinate descent")
+    tune.add_argument("--duration", type=float, help="only arrivals before this many seconds")
+    tune.add_argument("--verify", type=int, default=0, help="run the best N on the real server")
+    tune.add_argument("--threads", type=int, help="engine threads (default: cores owned)")
+    tune.add_argument("--fixtures", default="tests/fixtures/speech", help="WAV recordings")
+    tune.add_argument("--out", default="fairlane-tuned.yaml", help="the configuration file")
+    tune.add_argument("--json", help="write every trial here")
+    tune.set_defaults(func=_tune)
 
     bench = sub.add_parser("bench", help="benchmarks (printed figures)")
     bench.add_argument(

@@ -44,7 +44,7 @@ _SLO = vol.Schema(
 
 POLICY_SCHEMA = vol.Schema(
     {
-        vol.Optional("name", default="fairlane"): vol.In(["fairlane", "fcfs"]),
+        vol.Optional("name", default="fairlane"): vol.In(["fairlane", "separate", "vllm", "fcfs"]),
         vol.Optional("slice_ms"): _positive(1),
         vol.Optional("arrival_wait_fraction"): vol.All(
             vol.Coerce(float), vol.Range(min=0.05, max=1.0)

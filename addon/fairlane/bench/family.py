@@ -150,9 +150,9 @@ def _post_json(url: str, body: dict[str, Any], headers: dict[str, str] | None = 
 class FairlaneTarget:
     """`fairlane serve` with a policy; every request says its class and member."""
 
-    def __init__(self, policy: str, threads: int) -> None:
-        self.name = "fairlane" if policy == "fairlane" else policy
-        self.server = fairlane_server(policy, threads, 8)
+    def __init__(self, policy: str, threads: int, extra: dict[str, Any] | None = None) -> None:
+        self.name = policy
+        self.server = fairlane_server(policy, threads, 8, extra)
 
     def transcribe(self, audio: bytes, client: str) -> str:
         fields = {"language": "en", "user": client, "fairlane_class": "voice"}
@@ -609,14 +609,14 @@ def family(
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Play the workload's phases against every target, rounds interleaved (A B A B)."""
-    audio = _recordings(workload, audio_dir)
+    audio = recordings(workload, audio_dir)
     prompts = Prompts(seed=0)
     reports: list[dict[str, Any]] = []
     for round_index in range(1, rounds + 1):
         for name in targets:
             target = start_target(name, threads)
             try:
-                _warm_up(target, workload, prompts, audio)
+                warm_up(target, workload, prompts, audio)
                 for phase in phases:
                     played = Played(name, phase, round_index, workload.duration_s)
                     Player(target, workload, prompts, audio, played, give_up_s).play(phase)
@@ -628,7 +628,7 @@ def family(
     return {"reports": reports, "ratios": ratios(reports)}
 
 
-def _recordings(workload: Workload, audio_dir: Path | None) -> dict[int, bytes]:
+def recordings(workload: Workload, audio_dir: Path | None) -> dict[int, bytes]:
     """Each spoken command's recording (by the job's identity): the workload's own, or else
     the folder's files in turn."""
     files = sorted(audio_dir.glob("*.wav")) if audio_dir else []
@@ -642,7 +642,7 @@ def _recordings(workload: Workload, audio_dir: Path | None) -> dict[int, bytes]:
     return recordings
 
 
-def _warm_up(
+def warm_up(
     target: Target, workload: Workload, prompts: Prompts, audio: dict[int, bytes]
 ) -> None:
     """The same warm-up for every target: one of each kind of request, and one request for

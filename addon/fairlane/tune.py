@@ -1,0 +1,319 @@
+"""`fairlane tune`: the useful configuration for a household, found rather than guessed.
+
+"The useful configuration is the highest throughput that still meets the TTFT and streaming
+targets in the interactive path." The tuner:
+
+1. **calibrates** the cost model on this machine (`--calibrate`): times the real engines (LLM
+   prefill and decode iterations, embedding batches, speech batches) and fits a cost profile
+   (the same straight lines the shipped profiles use), written as a profile YAML;
+2. **searches** the policy settings in the simulator on the household's workload (coordinate
+   descent from the defaults over slice, batch tokens, sequences, background share, arrival
+   wait, embedding batch and speech batch): among the settings whose every interactive row
+   meets its SLO for at least `--attainment` of its requests, the one with the most background
+   work done; when none does, the one with the best attainment (and it says so);
+3. **verifies** the best few on the real server (`--verify N`) with `bench family`'s mixed
+   phase, and prints predicted beside measured;
+4. **writes** the chosen settings as a configuration file `fairlane serve --config` reads.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fairlane.policy import Priority
+
+# The settings searched, each with its candidate values (the server's default among them).
+SEARCH_SPACE: dict[str, tuple[float, ...]] = {
+    "slice_ms": (25, 50, 100, 200),
+    "arrival_wait_fraction": (0.1, 0.25, 0.4),
+    "max_batch_tokens": (512, 1024, 2048),
+    "max_num_seqs": (4, 8),
+    "background_min_share": (0.05, 0.1, 0.2, 0.3),
+    "embed_max_batch": (16, 32, 64),
+    "stt_max_batch": (1, 4, 8),
+}
+INTEGER_SETTINGS = {"max_batch_tokens", "max_num_seqs", "embed_max_batch", "stt_max_batch"}
+
+
+# --- calibration ----------------------------------------------------------------------------------
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares intercept and slope of y on x (intercept clamped at zero)."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread else 0.0
+    return max(0.0, mean_y - slope * mean_x), max(0.0, slope)
+
+
+def calibrate(threads: int, fixtures: Path, name: str = "this-machine") -> dict[str, Any]:
+    """Time the real engines on this machine and fit a cost profile (as profile YAML data)."""
+    from fairlane.bench.llm import engine_costs
+
+    llm = engine_costs(threads)
+    prefill = statistics.median(llm["prefill_ms_per_token"].values())
+    decode_base, decode_seq = _line(
+        [(float(seqs), ms) for seqs, ms in llm["decode_ms_per_iteration"].items()]
+    )
+    embed_base, embed_token = _embed_costs(threads)
+    stt_base, stt_utterance = _stt_costs(threads, fixtures)
+    device = "cpu"
+    try:
+        import torch
+
+        device = "gpu" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        pass
+    return {
+        "name": name,
+        "description": f"calibrated by `fairlane tune --calibrate` with {threads} threads "
+        f"on {time.strftime('%Y-%m-%d')}",
+        "device": device,
+        "llm": {
+            "base_ms": round(decode_base, 2),
+            "prefill_token_ms": round(prefill, 3),
+            "decode_seq_ms": round(decode_seq, 2),
+            "context_token_us": 1.0,
+        },
+        "embed": {"base_ms": round(embed_base, 2), "token_ms": round(embed_token, 4)},
+        "stt": {"base_ms": round(stt_base, 1), "utterance_ms": round(stt_utterance, 1)},
+    }
+
+
+def _embed_costs(threads: int) -> tuple[float, float]:
+    """Embedding steps at several padded sizes: (base ms, ms per padded token)."""
+    from fairlane import models
+    from fairlane.engines.embed import EmbedConfig, EmbeddingEngine
+    from fairlane.policy import EmbedPlan
+
+    engine = EmbeddingEngine(
+        EmbedConfig(models.resolve_embedder(models.DEFAULT_EMBED), threads=threads)
+    )
+    text = " ".join(["the kitchen light is on"] * 60)
+    points = []
+    for batch, tokens in ((1, 32), (8, 64), (16, 128), (32, 256), (8, 256)):
+        ids = engine.tokenize([text] * batch)
+        times = []
+        for repeat in range(3):
+            names = [f"e{repeat}-{i}" for i in range(batch)]
+            for rid, token_ids in zip(names, ids, strict=True):
+                engine.add(rid, token_ids[:tokens])
+            result, _ = engine.execute(
+                EmbedPlan(tuple(names), Priority.BACKGROUND, batch * tokens, 0.0)
+            )
+            times.append(result.elapsed_s * 1000)
+        points.append((float(batch * tokens), statistics.median(times)))
+    return _line(points)
+
+
+def _stt_costs(threads: int, fixtures: Path) -> tuple[float, float]:
+    """Speech steps of 1, 2 and 4 utterances: (base ms, ms per utterance)."""
+    from fairlane import models
+    from fairlane.engines.stt import SttConfig, Utterance, WhisperEngine, decode_audio
+    from fairlane.policy import SttPlan
+
+    engine = WhisperEngine(
+        SttConfig(Path(models.resolve_stt(models.DEFAULT_STT)), threads=threads)
+    )
+    audio = [decode_audio(p.read_bytes()) for p in sorted(fixtures.glob("*.wav"))[:4]]
+    if not audio:
+        raise ValueError(f"no recordings in {fixtures} to time speech steps")
+    points = []
+    for batch in (1, 2, 4):
+        times = []
+        for repeat in range(2):
+            names = [f"s{repeat}-{i}" for i in range(batch)]
+            for i, rid in enumerate(names):
+                engine.add(rid, Utterance(audio[i % len(audio)], "en"))
+            result, _ = engine.execute(SttPlan(tuple(names), Priority.VOICE, 0.0, 0.0))
+            times.append(result.elapsed_s * 1000)
+        points.append((float(batch), statistics.median(times)))
+    return _line(points)
+
+
+# --- the search -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trial:
+    settings: dict[str, float]
+    attainment: dict[str, float]  # interactive row -> fraction of requests within the SLO
+    background_llm_tokens_per_s: float
+    embedded_tokens_per_s: float
+
+    @property
+    def worst(self) -> float:
+        return min(self.attainment.values(), default=1.0)
+
+    def feasible(self, attainment: float) -> bool:
+        return self.worst >= attainment
+
+    def score(self, attainment: float) -> tuple[bool, float]:
+        """Feasible settings by background work; the others by their worst attainment."""
+        if self.feasible(attainment):
+            return True, self.background_llm_tokens_per_s
+        return False, self.worst
+
+
+def background_done(records: list[Any], duration_s: float) -> tuple[float, float]:
+    """Background LLM tokens and embedded tokens finished within the workload, per second."""
+    llm = embedded = 0
+    for record in records:
+        if record.priority.interactive or record.finished_at is None:
+            continue
+        if record.finished_at > duration_s:
+            continue
+        if record.kind.value == "embed":
+            embedded += record.prompt_tokens
+        else:
+            llm += record.prompt_tokens + len(record.token_times)
+    return llm / duration_s, embedded / duration_s
+
+
+def evaluate(scenario: Any, settings: dict[str, float], seed: int = 0) -> Trial:
+    """One setting in the simulator: the real policy on the profile's costs."""
+    from fairlane.sim import Scenario, simulate
+    from fairlane.sim.report import summarize
+
+    overrides = {k: int(v) if k in INTEGER_SETTINGS else float(v) for k, v in settings.items()}
+    config = replace(scenario.config, **overrides)
+    trial = Scenario(scenario.workload, scenario.profile, config)
+    result = simulate(trial, "fairlane", seed=seed)
+    report = summarize(result, scenario.workload.slo)
+    attainment = {
+        name: row["slo_met"]
+        for name, row in report["classes"].items()
+        if not name.startswith("background") and row["slo_met"] is not None
+    }
+    llm, embedded = background_done(result.records, scenario.workload.duration_s)
+    return Trial(dict(settings), attainment, round(llm, 1), round(embedded))
+
+
+def search(
+    scenario: Any,
+    attainment: float,
+    passes: int = 2,
+    space: dict[str, tuple[float, ...]] | None = None,
+    progress: Any = print,
+) -> list[Trial]:
+    """Coordinate descent from the scenario's settings: each setting in turn takes the value
+    that scores best with the others held; `passes` times over. Every trial is returned, the
+    best first."""
+    space = space or SEARCH_SPACE
+    current = {name: float(getattr(scenario.config, name)) for name in space}
+    seen: dict[tuple[tuple[str, float], ...], Trial] = {}
+
+    def run(settings: dict[str, float]) -> Trial:
+        key = tuple(sorted(settings.items()))
+        if key not in seen:
+            seen[key] = evaluate(scenario, settings)
+            trial = seen[key]
+            progress(
+                f"  {_describe(settings)}: worst SLO met {trial.worst:.0%}, "
+                f"background {trial.background_llm_tokens_per_s} LLM tok/s, "
+                f"{trial.embedded_tokens_per_s} embedded tok/s"
+            )
+        return seen[key]
+
+    best = run(current)
+    for _ in range(passes):
+        changed = False
+        for name, values in space.items():
+            for value in values:
+                candidate = {**current, name: float(value)}
+                trial = run(candidate)
+                if trial.score(attainment) > best.score(attainment):
+                    best, current, changed = trial, candidate, True
+        if not changed:
+            break
+    return sorted(seen.values(), key=lambda t: t.score(attainment), reverse=True)
+
+
+def _describe(settings: dict[str, float]) -> str:
+    return ", ".join(
+        f"{k}={int(v) if k in INTEGER_SETTINGS else v:g}" for k, v in sorted(settings.items())
+    )
+
+
+def config_file(settings: dict[str, float], note: str) -> str:
+    """The chosen settings as a `fairlane serve --config` file."""
+    policy = {k: int(v) if k in INTEGER_SETTINGS else float(v) for k, v in settings.items()}
+    return f"# {note}\n" + yaml.safe_dump({"policy": policy}, sort_keys=True)
+
+
+def verify(
+    workload: Any, trials: list[Trial], threads: int, fixtures: Path
+) -> list[dict[str, Any]]:
+    """The best settings on the real server (bench family's mixed phase): measured beside
+    predicted."""
+    from fairlane.bench.family import (
+        FairlaneTarget,
+        Played,
+        Player,
+        Prompts,
+        recordings,
+        summarize,
+        warm_up,
+    )
+
+    audio = recordings(workload, fixtures)
+    prompts = Prompts(seed=0)
+    rows = []
+    for trial in trials:
+        extra = {
+            "policy": {
+                k: int(v) if k in INTEGER_SETTINGS else float(v) for k, v in trial.settings.items()
+            }
+        }
+        target = FairlaneTarget("fairlane", threads, extra)
+        try:
+            warm_up(target, workload, prompts, audio)
+            played = Played("fairlane", "mixed", 1, workload.duration_s)
+            Player(target, workload, prompts, audio, played, 60.0).play("mixed")
+        finally:
+            target.close()
+        report = summarize(played, workload.slo)
+        measured = {
+            name: row["slo_met"]
+            for name, row in report["classes"].items()
+            if not name.startswith("background")
+        }
+        rows.append(
+            {
+                "settings": trial.settings,
+                "predicted": {
+                    "attainment": trial.attainment,
+                    "background_llm_tokens_per_s": trial.background_llm_tokens_per_s,
+                    "embedded_tokens_per_s": trial.embedded_tokens_per_s,
+                },
+                "measured": {
+                    "attainment": measured,
+                    "background_llm_tokens_per_s": report["background_llm_tokens_per_s"],
+                    "embedded_tokens_per_s": report["embedded_tokens_per_s"],
+                },
+            }
+        )
+    return rows
+
+
+def format_verification(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{'settings':<60}{'':>10}{'worst SLO met':>14}{'bg LLM tok/s':>14}{'embed tok/s':>13}"
+    ]
+    for row in rows:
+        for which in ("predicted", "measured"):
+            figures = row[which]
+            worst = min(figures["attainment"].values(), default=1.0)
+            lines.append(
+                f"{_describe(row['settings']) if which == 'predicted' else '':<60}"
+                f"{which:>10}{worst:>14.0%}{figures['background_llm_tokens_per_s']:>14}"
+                f"{figures['embedded_tokens_per_s']:>13}"
+            )
+    return "\n".join(lines)
