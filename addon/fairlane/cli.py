@@ -80,7 +80,7 @@ def _bench(args: argparse.Namespace) -> int:
     elif args.what == "family":
         result = _bench_family(args, threads)
     elif args.what == "throughput":
-        result = llm.throughput(args.streams, threads, args.max_tokens)
+        result = llm.throughput(args.streams, threads, args.max_tokens, args.rounds)
     else:
         policy = dict(_key_value(item) for item in args.set or []) or None
         result = llm.interference(
@@ -280,7 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-tokens", type=int, default=64, help="throughput: tokens a stream")
     bench.add_argument("--chats", type=int, default=10, help="interference: chat turns per phase")
     bench.add_argument(
-        "--rounds", type=int, default=2, help="interference, family: rounds of each, alternating"
+        "--rounds",
+        type=int,
+        default=2,
+        help="throughput, interference, family: rounds of each target, alternating",
     )
     bench.add_argument(
         "--background", type=int, default=2, help="interference: concurrent background streams"

@@ -1,7 +1,9 @@
 """`fairlane bench embed`: the background lane's embedding throughput.
 
-- direct: `SentenceTransformer.encode` at batch 8/16/32/64 in this process (its best is the
-  baseline), and Fairlane's engine with the configured backend called directly;
+- direct: `SentenceTransformer.encode` on sentence-transformers' own ONNX int8 backend at batch
+  8/16/32/64 (its best is the baseline; it runs in its own environment from
+  scripts/install-baselines.sh, as a user would install it), and Fairlane's engine with the
+  configured backend called directly;
 - server: one bulk `POST /v1/embeddings` (class background) through HTTP, the policy and the
   device loop;
 - interference: the same bulk request while a chat stream runs, against alone, with the chat's
@@ -14,6 +16,7 @@ import json
 import threading
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from fairlane import models
@@ -28,6 +31,41 @@ NOTES = [
     "Car insurance renews on the first of June; compare quotes before then.",
     "Water the tomatoes every evening in July unless it has rained.",
 ]
+
+
+def sentence_transformers_onnx_int8(corpus: list[str], threads: int) -> dict[int, float]:
+    """Texts/s of `SentenceTransformer.encode` on its ONNX backend, int8, at batch 8–64, in the
+    baseline's own virtual environment (its dependencies conflict with Fairlane's)."""
+    import subprocess
+
+    from fairlane.bench.family import BASELINES, embedding_model_copy
+
+    python = BASELINES / "embedding-server/bin/python"
+    if not python.is_file():
+        raise ValueError(f"no {python}: run scripts/install-baselines.sh first")
+    script = (
+        "import json, sys, time\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "import embedding_server\n"
+        "corpus = json.load(sys.stdin)\n"
+        "model = embedding_server.load(sys.argv[2], int(sys.argv[3]))\n"
+        "model.encode(corpus[:64], batch_size=32)\n"
+        "out = {}\n"
+        "for batch in (8, 16, 32, 64):\n"
+        "    start = time.perf_counter()\n"
+        "    model.encode(corpus, batch_size=batch)\n"
+        "    out[batch] = len(corpus) / (time.perf_counter() - start)\n"
+        "print(json.dumps(out))\n"
+    )
+    folder = str(Path(__file__).parent)
+    done = subprocess.run(
+        [str(python), "-c", script, folder, str(embedding_model_copy()), str(threads)],
+        input=json.dumps(corpus),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
 def texts(count: int) -> list[str]:
@@ -46,23 +84,12 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def embed_bench(threads: int, count: int, backend: str) -> dict[str, Any]:
-    import torch
-    from sentence_transformers import SentenceTransformer
-
     from fairlane.engines.embed import EmbedConfig, EmbeddingEngine
     from fairlane.policy import EmbedPlan, Priority
 
-    torch.set_num_threads(threads)
     corpus = texts(count)
-    model = SentenceTransformer(str(models.resolve_embedder(models.DEFAULT_EMBED)), device="cpu")
-    model.encode(corpus[:64], batch_size=32)
-    direct = {}
-    for batch in (8, 16, 32, 64):
-        start = time.perf_counter()
-        model.encode(corpus, batch_size=batch)
-        direct[batch] = count / (time.perf_counter() - start)
+    direct = sentence_transformers_onnx_int8(corpus, threads)
     best_batch = max(direct, key=lambda b: direct[b])
-    del model
 
     engine = EmbeddingEngine(
         EmbedConfig(models.resolve_embedder(models.DEFAULT_EMBED), backend=backend, threads=threads)
@@ -106,7 +133,9 @@ def embed_bench(threads: int, count: int, backend: str) -> dict[str, Any]:
         chatter.join()
     result = {
         "texts": count,
-        "direct_sentence_transformers_texts_s": {b: round(r, 1) for b, r in direct.items()},
+        "direct_sentence_transformers_onnx_int8_texts_s": {
+            b: round(r, 1) for b, r in direct.items()
+        },
         "direct_best_batch": best_batch,
         f"direct_engine_{backend}_texts_s": round(engine_rate, 1),
         "server_texts_s": round(alone, 1),

@@ -218,10 +218,7 @@ class SeparateServers:
         python = BASELINES / "embedding-server/bin/python"
         if not python.is_file():
             raise ValueError(f"no {python}: run scripts/install-baselines.sh first")
-        # A writable copy of the packaged model: the stand-in writes its int8 export beside it.
-        model = BASELINES / "embed-model"
-        if not (model / "config.json").exists():
-            shutil.copytree(models.resolve_embedder(models.DEFAULT_EMBED), model)
+        model = embedding_model_copy()
         port = free_port()
         script = Path(__file__).with_name("embedding_server.py")
         argv = [str(python), str(script), str(model), str(port), str(threads)]
@@ -241,6 +238,15 @@ class SeparateServers:
     def close(self) -> None:
         for server in self._servers:
             server.close()
+
+
+def embedding_model_copy() -> Path:
+    """A writable copy of the packaged embedding model: the baseline writes its int8 ONNX
+    export beside it."""
+    model = BASELINES / "embed-model"
+    if not (model / "config.json").exists():
+        shutil.copytree(models.resolve_embedder(models.DEFAULT_EMBED), model)
+    return model
 
 
 def _wyoming_ready(port: int) -> bool:

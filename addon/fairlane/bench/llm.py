@@ -151,26 +151,6 @@ def llama_server(parallel: int, threads: int, unified: bool = True) -> ServerPro
     return ServerProcess(argv, port)
 
 
-def _concurrent(
-    url: str,
-    streams: int,
-    messages: list[dict[str, Any]],
-    max_tokens: int,
-    extra: dict[str, Any] | None = None,
-) -> list[StreamTiming]:
-    results: list[StreamTiming | None] = [None] * streams
-
-    def run(index: int) -> None:
-        results[index] = stream_chat(url, messages, max_tokens, extra)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return [r for r in results if r is not None]
-
-
 def _throughput_row(name: str, streams: int, timings: list[StreamTiming]) -> dict[str, Any]:
     tokens = sum(len(t.token_times) for t in timings)
     start = min(t.sent for t in timings)
@@ -189,35 +169,73 @@ def _throughput_row(name: str, streams: int, timings: list[StreamTiming]) -> dic
     }
 
 
-def throughput(streams: list[int], threads: int, max_tokens: int) -> list[dict[str, Any]]:
+def throughput(
+    streams: list[int], threads: int, max_tokens: int, rounds: int = 2
+) -> list[dict[str, Any]]:
+    """Decode throughput at N concurrent streams, Fairlane against llama-server --parallel N.
+
+    Like for like: every prompt is unique (a nonce first), so neither server's prompt cache
+    helps; both get the same warm-up (N concurrent unique requests); the servers alternate
+    (A B A B) for `rounds` rounds and every round is printed with the spread of the ratio.
+    """
     rows: list[dict[str, Any]] = []
     servers: list[tuple[str, Callable[[int], ServerProcess]]] = [
         ("fairlane", lambda n: fairlane_server("fairlane", threads, max(streams))),
         ("llama-server", lambda n: llama_server(n, threads)),
     ]
-    for name, start in servers:
+    for round_index in range(1, rounds + 1):
         for count in streams:
-            with start(count) as server:
-                stream_chat(server.url, SHORT_CHAT, 4)  # warm-up
-                rows.append(
-                    _throughput_row(name, count, _concurrent(server.url, count, COUNT, max_tokens))
+            for name, start in servers:
+                with start(count) as server:
+                    _concurrent_unique(server.url, count, SHORT_CHAT, 4)  # warm-up
+                    timings = _concurrent_unique(server.url, count, COUNT, max_tokens)
+                    rows.append({"round": round_index, **_throughput_row(name, count, timings)})
+                print(
+                    f"  round {round_index} {name} × {count}: {rows[-1]['aggregate_tok_s']} tok/s",
+                    flush=True,
                 )
-            print(f"  {name} × {count}: {rows[-1]['aggregate_tok_s']} tok/s", flush=True)
-    print(f"\ndecode throughput, {threads} threads, {max_tokens} tokens a stream, same GGUF")
     print(
-        f"{'streams':>8}{'server':>14}{'agg tok/s':>11}{'ITL p50':>9}{'ITL p95':>9}"
+        f"\ndecode throughput, {threads} threads, {max_tokens} tokens a stream, same GGUF, "
+        f"unique prompts, {rounds} rounds alternating"
+    )
+    print(
+        f"{'streams':>8}{'round':>6}{'server':>14}{'agg tok/s':>11}{'ITL p50':>9}{'ITL p95':>9}"
         f"{'TTFT p50':>10}{'ratio':>8}"
     )
     for count in streams:
-        base = next(r for r in rows if r["server"] == "llama-server" and r["streams"] == count)
-        for row in (r for r in rows if r["streams"] == count):
-            ratio = row["aggregate_tok_s"] / base["aggregate_tok_s"]
-            print(
-                f"{count:>8}{row['server']:>14}{row['aggregate_tok_s']:>11}"
-                f"{row['itl_p50_ms']:>9}{row['itl_p95_ms']:>9}{row['ttft_p50_ms']:>10}"
-                f"{ratio:>8.2f}"
-            )
+        ratios = []
+        for round_index in range(1, rounds + 1):
+            mine = [r for r in rows if r["streams"] == count and r["round"] == round_index]
+            base = next(r for r in mine if r["server"] == "llama-server")
+            for row in mine:
+                ratio = row["aggregate_tok_s"] / base["aggregate_tok_s"]
+                row["ratio"] = round(ratio, 2)
+                if row["server"] == "fairlane":
+                    ratios.append(ratio)
+                print(
+                    f"{count:>8}{round_index:>6}{row['server']:>14}{row['aggregate_tok_s']:>11}"
+                    f"{row['itl_p50_ms']:>9}{row['itl_p95_ms']:>9}{row['ttft_p50_ms']:>10}"
+                    f"{ratio:>8.2f}"
+                )
+        print(f"{count:>8} streams: fairlane / llama-server {min(ratios):.2f}–{max(ratios):.2f}")
     return rows
+
+
+def _concurrent_unique(
+    url: str, streams: int, messages: list[dict[str, Any]], max_tokens: int
+) -> list[StreamTiming]:
+    """`streams` concurrent requests, each with its own nonce (no shared cached prefix)."""
+    results: list[StreamTiming | None] = [None] * streams
+
+    def run(index: int) -> None:
+        results[index] = stream_chat(url, _unique(messages), max_tokens)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [r for r in results if r is not None]
 
 
 # --- interference ------------------------------------------------------------------------------

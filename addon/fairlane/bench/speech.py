@@ -1,10 +1,11 @@
 """`fairlane bench speech`: the speech lane against faster-whisper called directly.
 
 For each packaged Whisper model: one utterance at a time through the server ÷ the same
-utterance through `WhisperModel.transcribe` in this process (the overhead of HTTP, the queue and
-the device loop); four utterances sent together to the server (one batched step) against four
-transcribed one after another (what wyoming-faster-whisper does); and the WER of the server's
-transcripts on the spoken household commands.
+utterance through `WhisperModel.transcribe` in this process, configured as the server decodes
+(greedy, no timestamps, no temperature fallback: like for like), which is the overhead of HTTP,
+the queue and the device loop; four utterances sent together to the server (one batched
+step) against four transcribed one after another (what wyoming-faster-whisper does); and the
+WER of the server's transcripts on the spoken household commands.
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ from fairlane.engines.stt import decode_audio
 from fairlane.metrics import percentile, word_error_rate
 
 MODELS = ("whisper-tiny.en", "whisper-base")
+# The server runs one greedy `generate()` without timestamps; `transcribe()` configured the same.
+LIKE_THE_SERVER: dict[str, Any] = {
+    "beam_size": 1,
+    "language": "en",
+    "without_timestamps": True,
+    "temperature": 0.0,
+    "condition_on_previous_text": False,
+}
 
 
 def _together(url: str, files: list[bytes]) -> list[float]:
@@ -55,15 +64,13 @@ def speech(fixtures: Path, threads: int, rounds: int = 3) -> list[dict[str, Any]
             for name in names:
                 audio = decode_audio(files[name])
                 start = time.perf_counter()
-                segments, _ = direct_model.transcribe(audio, beam_size=1, language="en")
+                segments, _ = direct_model.transcribe(audio, **LIKE_THE_SERVER)
                 " ".join(s.text for s in segments)
                 direct.append(time.perf_counter() - start)
         four = names[:4]
         sequential_start = time.perf_counter()
         for name in four:
-            segments, _ = direct_model.transcribe(
-                decode_audio(files[name]), beam_size=1, language="en"
-            )
+            segments, _ = direct_model.transcribe(decode_audio(files[name]), **LIKE_THE_SERVER)
             " ".join(s.text for s in segments)
         sequential_s = time.perf_counter() - sequential_start
         del direct_model
