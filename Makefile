@@ -13,7 +13,7 @@ export FAIRLANE_LLAMA_SERVER ?= .bench/llama-server/bin/llama-server
 # Root installs system packages itself; anyone else through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install run test lint typecheck typecheck-ha unit unit-ha chromium simulate bench clean
+.PHONY: install run test lint typecheck typecheck-ha unit unit-ha chromium simulate bench tune clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,14 +64,25 @@ simulate: install
 	$(BIN)/fairlane simulate --profile rtx4090 --json reports/simulate-rtx4090.json --plot reports/simulate-rtx4090.png
 
 bench: install
-	scripts/build-llama-server.sh
+	scripts/install-baselines.sh
 	mkdir -p reports
+	$(BIN)/fairlane bench family --workload addon/fairlane/workloads/family-cpu.yaml \
+		--fixtures tests/fixtures/speech --json reports/bench-family.json \
+		--plot reports/bench-family.png
+	$(BIN)/fairlane bench family --workload addon/fairlane/workloads/family-party-cpu.yaml \
+		--phases mixed --fixtures tests/fixtures/speech --json reports/bench-party.json \
+		--plot reports/bench-party.png
 	$(BIN)/fairlane bench scheduler --json reports/bench-scheduler.json
 	$(BIN)/fairlane bench engine --json reports/bench-engine.json
 	$(BIN)/fairlane bench throughput --json reports/bench-throughput.json
 	$(BIN)/fairlane bench interference --chats 30 --json reports/bench-interference.json
 	$(BIN)/fairlane bench speech --json reports/bench-speech.json
 	$(BIN)/fairlane bench embed --json reports/bench-embed.json
+
+# The policy settings for the household evening on this machine, written to fairlane-tuned.yaml.
+tune: install
+	$(BIN)/fairlane tune --workload addon/fairlane/workloads/family-cpu.yaml --calibrate \
+		--verify 2 --json reports/tune.json
 
 clean:
 	rm -rf $(VENV) $(VENV_HA) reports .bench .pytest_cache .mypy_cache .ruff_cache

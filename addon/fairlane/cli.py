@@ -28,7 +28,7 @@ def _simulate(args: argparse.Namespace) -> int:
     results = [
         simulate(scn, name, noise=args.noise, seed=args.seed, truth=args.truth) for name in policies
     ]
-    reports = [summarize(r, scn.workload.slo) for r in results]
+    reports = [summarize(r, scn.workload.slo, scn.workload.duration_s) for r in results]
     device = f"; the device runs at {args.truth}'s costs" if args.truth else ""
     print(
         f"workload {scn.workload.name} ({len(scn.workload.jobs)} jobs over "

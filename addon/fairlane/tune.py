@@ -162,25 +162,10 @@ class Trial:
         return False, self.worst
 
 
-def background_done(records: list[Any], duration_s: float) -> tuple[float, float]:
-    """Background LLM tokens and embedded tokens finished within the workload, per second."""
-    llm = embedded = 0
-    for record in records:
-        if record.priority.interactive or record.finished_at is None:
-            continue
-        if record.finished_at > duration_s:
-            continue
-        if record.kind.value == "embed":
-            embedded += record.prompt_tokens
-        else:
-            llm += record.prompt_tokens + len(record.token_times)
-    return llm / duration_s, embedded / duration_s
-
-
 def evaluate(scenario: Any, settings: dict[str, float], seed: int = 0) -> Trial:
     """One setting in the simulator: the real policy on the profile's costs."""
     from fairlane.sim import Scenario, simulate
-    from fairlane.sim.report import summarize
+    from fairlane.sim.report import background_done, summarize
 
     overrides = {k: int(v) if k in INTEGER_SETTINGS else float(v) for k, v in settings.items()}
     config = replace(scenario.config, **overrides)

@@ -232,3 +232,21 @@ def test_shared_prefix_cells_are_counted_once_and_never_lost_from_the_budget() -
         step()
     assert entry.pins == 0
     engine.close()
+
+
+def test_unique_background_prompts_do_not_push_out_a_reused_system_prompt() -> None:
+    """Found by `bench family`: summaries of unique documents finished, were cached, and
+    evicted Home Assistant's system prompt, so the next spoken command prefilled all of it
+    again (5 s on 2 cores). A prefix that prompts have started from now stays."""
+    engine = LlamaEngine(EngineConfig(models.resolve_llm("gemma-3-270m"), n_ctx=2048,
+                                      n_seq_max=4, n_batch=256, prefix_cache_tokens=256))
+    try:
+        _complete(engine, "voice-0", HOUSE + "Turn on the kitchen light.")
+        reused, _, _ = _complete(engine, "voice-1", HOUSE + "Is the sprinkler on?")
+        assert reused > 0
+        for i in range(4):  # unique documents, each as long as the cache allows
+            _complete(engine, f"summary-{i}", f"Document {i}. " + HOUSE[::-1] * 2)
+        reused_after, _, _ = _complete(engine, "voice-2", HOUSE + "Lock the door.")
+        assert reused_after >= reused
+    finally:
+        engine.close()

@@ -38,8 +38,10 @@ class Race:
     slice_s: float
 
 
-def _chat_during_background_prefill(policy: str, chat_tokens: int = 3) -> Race:
-    with BackgroundServer(server_config(policy)) as server:
+def _chat_during_background_prefill(
+    policy: str, chat_tokens: int = 3, chat: str = "Say hello."
+) -> Race:
+    with BackgroundServer(server_config(policy, max_tokens=max(64, chat_tokens))) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=TOKEN, max_retries=0)
         device = server.services.device
         result: dict[str, str] = {}
@@ -61,7 +63,7 @@ def _chat_during_background_prefill(policy: str, chat_tokens: int = 3) -> Race:
             time.sleep(0.002)
         sent = time.monotonic()
         stream = client.chat.completions.create(
-            model="x", messages=[{"role": "user", "content": "Say hello."}],
+            model="x", messages=[{"role": "user", "content": chat}],
             max_tokens=chat_tokens, stream=True, extra_body={"fairlane_class": "chat"},
         )
         token_times = [
@@ -96,17 +98,23 @@ def test_with_fcfs_the_chat_turn_waits_for_the_whole_background_prefill() -> Non
 
 @pytest.mark.model
 def test_background_steps_measured_on_the_real_engine_stay_within_the_slice() -> None:
-    """Rule 2 on measured, not predicted, step times: while a chat turn streams, the steps that
-    carry background prefill last about a slice. The distribution is printed; the p95 is
+    """Rules 2 and 8 on measured, not predicted, step times: while a chat turn streams for
+    several seconds, background is owed its share and runs in slices beside the chat's decodes.
+    The steps that carry its prefill last about a slice. The distribution is printed; the p95 is
     asserted with slack for a busy 2-core host (a noisy neighbour doubles a step)."""
-    race = _chat_during_background_prefill("fairlane", chat_tokens=24)
+    race = _chat_during_background_prefill(
+        "fairlane", chat_tokens=300, chat="Count from 1 to 500, separated by commas."
+    )
     assert race.token_times
     busy_from, busy_to = race.sent, race.token_times[-1]
     during = [
         r.end - r.start for r in race.prefill
         if r.start >= busy_from and r.end <= busy_to
     ]
-    assert during, "no background prefill step ran while the chat streamed"
+    assert during, [
+        (round(r.start - busy_from, 3), round(r.end - r.start, 3), [c.label for c in r.classes])
+        for r in race.steps if r.end >= busy_from
+    ]
     p50, p95 = percentile(during, 50), percentile(during, 95)
     assert p50 is not None and p95 is not None
     print(

@@ -78,6 +78,7 @@ class CachedPrefix:
     tokens: list[int]
     used_at: float
     pins: int = 0  # sequences admitted to start from it, until they are released
+    hits: int = 0  # prompts that started from it (Home Assistant's system prompt: many)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,10 @@ class EngineConfig:
     prefix_cache_slots: int = 2
 
 
+# A prefix that prompts have started from is kept against new entries that none has used yet
+# (a summary's unique document must not push out Home Assistant's system prompt), unless it has
+# not been used for this long.
+REUSED_KEEP_S = 600.0
 # A shorter common prefix is not worth a cache lookup's bookkeeping.
 MIN_PREFIX_REUSE = 16
 
@@ -213,6 +218,7 @@ class LlamaEngine:
             entry, reused = self._longest_prefix(prompt)
             if entry is not None:
                 entry.pins += 1
+                entry.hits += 1
                 entry.used_at = time.monotonic()
                 seq.reuse, seq.reuse_tokens = entry, reused
         self.sequences[request_id] = seq
@@ -280,21 +286,33 @@ class LlamaEngine:
             self._store_prefix(seq, tokens, budget)
 
     def _store_prefix(self, seq: Sequence, tokens: list[int], budget: int) -> None:
-        # An entry this one extends is superseded; then the least recently used go first.
+        """Keep `tokens`' cells if room can be made: an entry they extend is superseded (its
+        hits carry over); then entries no prompt has reused go first, least recently used
+        first; an entry prompts have reused more often goes only when idle `REUSED_KEEP_S`.
+        Entries that sequences are about to start from (pinned) always stay."""
+        hits = 0
         for entry in [e for e in self.cache if _common_prefix(e.tokens, tokens) == len(e.tokens)]:
             if entry.pins == 0:
+                hits = max(hits, entry.hits)
                 self._evict(entry)
-        for entry in sorted(self.cache, key=lambda e: e.used_at):
-            if self.cache_ids and sum(len(e.tokens) for e in self.cache) + len(tokens) <= budget:
+        now = time.monotonic()
+
+        def has_room() -> bool:
+            return bool(self.cache_ids) and (
+                sum(len(e.tokens) for e in self.cache) + len(tokens) <= budget
+            )
+
+        for entry in sorted(self.cache, key=lambda e: (e.hits, e.used_at)):
+            if has_room():
                 break
-            if entry.pins == 0:
+            if entry.pins == 0 and (entry.hits <= hits or now - entry.used_at > REUSED_KEEP_S):
                 self._evict(entry)
-        if not self.cache_ids or sum(len(e.tokens) for e in self.cache) + len(tokens) > budget:
-            return  # every entry is about to be used: keep them
+        if not has_room():
+            return  # what is cached is worth more than this sequence's tokens: keep it
         assert seq.seq_id is not None
         cache_id = self.cache_ids.pop()
         lc.llama_memory_seq_cp(self.memory, seq.seq_id, cache_id, 0, len(tokens))
-        self.cache.append(CachedPrefix(cache_id, tokens, time.monotonic()))
+        self.cache.append(CachedPrefix(cache_id, tokens, now, hits=hits))
 
     def _evict(self, entry: CachedPrefix) -> None:
         lc.llama_memory_seq_rm(self.memory, entry.seq_id, -1, -1)

@@ -60,6 +60,7 @@ class Simulator:
         noise: float = 0.0,
         seed: int = 0,
         give_up_s: dict[Priority, float] | None = None,
+        warm_prefixes: bool = True,
     ) -> None:
         self.policy = policy
         self.truth = truth
@@ -78,8 +79,11 @@ class Simulator:
         self._unit_of: dict[int, tuple[Loop, int]] = {}
         self._open: dict[tuple[str, int], int] = {}
         self._next_unit: dict[str, int] = {}
-        # Shared prompt prefixes the engine holds (cached once a request with one has run).
-        self._cached_prefixes: set[tuple[str, int]] = set()
+        # Shared prompt prefixes the engine holds: warm from the start, as in a running home
+        # (and after `bench family`'s warm-up); with `warm_prefixes=False`, once one has run.
+        self._cached_prefixes: set[tuple[str, int]] = (
+            _shared_prefixes(workload) if warm_prefixes else set()
+        )
 
     def run(self, max_time: float | None = None) -> SimResult:
         """Simulate until every job is done (or `max_time`, default 4× the workload's duration)."""
@@ -242,3 +246,15 @@ def _chain_length(job: Job) -> int:
     while job.then is not None:
         job, length = job.then, length + 1
     return length
+
+
+def _shared_prefixes(workload: Workload) -> set[tuple[str, int]]:
+    jobs = [*workload.jobs, *(j for loop in workload.loops for unit in loop.units for j in unit)]
+    found = set()
+    for job in jobs:
+        chain: Job | None = job
+        while chain is not None:
+            if chain.prefix_tokens:
+                found.add((chain.group, chain.prefix_tokens))
+            chain = chain.then
+    return found

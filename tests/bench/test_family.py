@@ -1,0 +1,103 @@
+"""`fairlane bench family`: a workload played in real time against the real server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fairlane.bench.family import Played, Prompts, family, ratios, summarize
+from fairlane.metrics import RequestRecord
+from fairlane.policy import Kind, Priority, Slo
+from fairlane.sim.workload import Job, load
+
+SPEECH = Path(__file__).resolve().parents[1] / "fixtures" / "speech"
+
+
+def _record(kind: Kind, priority: Priority, arrival: float, first: float, end: float,
+            group: str = "x") -> RequestRecord:
+    record = RequestRecord(kind, priority, "a", group, arrival)
+    if kind is Kind.LLM:
+        record.token_times = [first, end]
+    record.finished_at = end
+    return record
+
+
+def test_the_report_has_every_class_the_voice_turn_and_background_work_apart() -> None:
+    played = Played("fairlane", "mixed", 1, duration_s=60)
+    stt = _record(Kind.STT, Priority.VOICE, 0.0, 0.0, 0.3)
+    reply = _record(Kind.LLM, Priority.VOICE, 0.3, 0.8, 1.0)
+    slow_chat = _record(Kind.LLM, Priority.CHAT, 2.0, 5.0, 5.1)
+    played.records += [stt, reply, slow_chat]
+    played.turns.append((stt, reply))
+    played.background_llm_tokens, played.embedded_tokens = 600, 60_000
+    slo = {Priority.VOICE: Slo(ttft_ms=1000, stt_ms=500), Priority.CHAT: Slo(ttft_ms=1000)}
+    report = summarize(played, slo)
+    assert set(report["classes"]) == {"voice/stt", "voice/llm", "chat/llm"}
+    assert report["voice_turn_ms"]["p50"] == 800  # end of speech to the answer's first token
+    assert report["classes"]["chat/llm"]["slo_met"] == 0.0  # 3 s to its first token
+    assert report["interactive_slo_met"] == pytest.approx(2 / 3, abs=0.001)
+    assert (report["background_llm_tokens_per_s"], report["embedded_tokens_per_s"]) == (10, 1000)
+
+
+def test_ratios_compare_each_round_with_its_own_phases_alone() -> None:
+    def report(phase: str, chat_p95: float, turn_p95: float, bg: float) -> dict:
+        return {"target": "fairlane", "round": 1, "phase": phase, "interactive_slo_met": 1.0,
+                "classes": {"chat/llm": {"ttft_ms": {"p95": chat_p95}}},
+                "voice_turn_ms": {"p95": turn_p95},
+                "background_llm_tokens_per_s": bg, "embedded_tokens_per_s": 10 * bg}
+
+    rows = ratios([report("interactive", 100, 200, 0), report("background", 0, 0, 50),
+                   report("mixed", 120, 300, 40)])
+    assert rows == [{
+        "target": "fairlane", "round": 1, "interactive_slo_met": 1.0,
+        "background_llm_tokens_per_s": 40, "embedded_tokens_per_s": 400,
+        "chat_ttft_p95_ratio": 1.2, "voice_first_token_p95_ratio": 1.5,
+        "background_llm_ratio": 0.8, "embedded_ratio": 0.8,
+    }]
+
+
+@pytest.mark.model
+def test_prompts_have_the_drawn_size_a_shared_prefix_and_a_nonce() -> None:
+    prompts = Prompts()
+    job = Job(0.0, "voice", Kind.LLM, Priority.VOICE, "a", prompt_tokens=700, output_tokens=20,
+              prefix_tokens=600)
+    first, second = prompts.messages(job, "turn on the light"), prompts.messages(job)
+    assert first[0] == second[0] and first[0]["role"] == "system"  # the shared prefix
+    assert prompts.tokens(first[0]["content"]) == pytest.approx(600, abs=2)
+    assert first[1]["content"] != second[1]["content"]  # the rest is unique
+    total = sum(prompts.tokens(m["content"]) for m in first)
+    assert total == pytest.approx(700, abs=8)
+    assert "turn on the light" in first[1]["content"]
+
+
+@pytest.mark.model
+def test_a_small_evening_against_the_real_server(tmp_path) -> None:
+    """Every kind of household work, played for a few seconds against `fairlane serve`."""
+    path = tmp_path / "evening.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "tiny", "duration_s": 8, "seed": 3, "clients": [],
+        "classes": {
+            "voice": {"clients": ["a"], "arrivals": {"poisson": {"per_min": 30}},
+                      "audio_s": 2, "audio_dir": str(SPEECH),
+                      "llm_turn": {"prompt_tokens": 120, "output_tokens": 4,
+                                   "shared_prefix_tokens": 80}},
+            "chat": {"clients": ["b"], "arrivals": {"poisson": {"per_min": 20}},
+                     "prompt_tokens": 60, "output_tokens": 4},
+            "background": {"documents": {"count": 50, "tokens_per_doc": 300,
+                                         "chunk_tokens": 128, "in_flight": 1}},
+        },
+        "cpu_slo_scale": 8,
+    }))
+    workload = load(path)
+    assert any(j.kind is Kind.STT for j in workload.jobs)
+    result = family(workload, ["fairlane"], ["mixed"], rounds=1, threads=1, audio_dir=None,
+                    give_up_s=120, progress=lambda line: None)
+    (report,) = result["reports"]
+    assert report["errors"] == 0 and report["timed_out"] == 0
+    for row in report["classes"].values():
+        if row["requests"]:
+            assert row["finished"] >= 1
+    assert report["voice_turn_ms"]["p50"] is not None
+    assert report["embedded_tokens_per_s"] > 0

@@ -1,0 +1,52 @@
+"""`fairlane tune`: the simulator's search for the most background work within the SLOs."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from fairlane import config
+from fairlane.cli import main
+from fairlane.sim import default_workload, scenario
+from fairlane.tune import Trial, _line, config_file, search
+
+
+def test_a_straight_line_through_the_measurements() -> None:
+    assert _line([(1, 25), (2, 35), (4, 55), (8, 95)]) == pytest.approx((15.0, 10.0))
+
+
+def test_settings_within_the_slos_beat_any_that_miss_them() -> None:
+    fast_but_late = Trial({"slice_ms": 200}, {"voice/llm": 0.9}, 500.0, 0)
+    on_time = Trial({"slice_ms": 50}, {"voice/llm": 1.0}, 300.0, 0)
+    closer = Trial({"slice_ms": 100}, {"voice/llm": 0.93}, 100.0, 0)
+    ranked = sorted([fast_but_late, on_time, closer], key=lambda t: t.score(0.95), reverse=True)
+    assert ranked == [on_time, closer, fast_but_late]
+
+
+def test_search_starts_from_the_servers_settings_and_never_ends_worse() -> None:
+    scn = scenario(default_workload(), "rtx4090", duration_s=60)
+    space = {"slice_ms": (25, 50, 200), "max_batch_tokens": (512, 2048)}
+    trials = search(scn, 0.95, passes=1, space=space, progress=lambda line: None)
+    start = next(t for t in trials if t.settings == {"slice_ms": 50.0, "max_batch_tokens": 2048.0})
+    best = trials[0]
+    assert best.score(0.95) >= start.score(0.95)
+    assert len(trials) == 4  # the start, and each other value once (the start is not re-run)
+
+
+def test_the_written_configuration_is_one_the_server_reads(tmp_path) -> None:
+    text = config_file({"slice_ms": 100.0, "max_num_seqs": 4.0}, "tuned")
+    path = tmp_path / "tuned.yaml"
+    path.write_text(text)
+    cfg = config.load(str(path))
+    assert cfg.policy.slice_ms == 100.0 and cfg.policy.max_num_seqs == 4
+
+
+def test_tune_command_writes_a_config_and_every_trial(tmp_path, capsys) -> None:
+    out, report = tmp_path / "tuned.yaml", tmp_path / "trials.json"
+    code = main(["tune", "--profile", "rtx4090", "--duration", "30", "--passes", "1",
+                 "--out", str(out), "--json", str(report)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "Best:" in printed and "defaults:" in printed
+    assert set(yaml.safe_load(out.read_text())["policy"]) >= {"slice_ms", "max_batch_tokens"}
+    assert config.load(str(out))  # the server accepts it
