@@ -250,3 +250,24 @@ def test_unique_background_prompts_do_not_push_out_a_reused_system_prompt() -> N
         assert reused_after >= reused
     finally:
         engine.close()
+
+
+def test_turns_of_two_kinds_keep_both_system_prompts_in_a_two_entry_cache() -> None:
+    """Found by `bench family`: voice and chat turns, each cached whole when it finished,
+    pushed each other's system prompt out of the cache's two entries, so half the spoken
+    commands prefilled Home Assistant's prompt again. A finished turn now replaces the entry
+    it started from."""
+    engine = LlamaEngine(EngineConfig(models.resolve_llm("gemma-3-270m"), n_ctx=2048,
+                                      n_seq_max=4, n_batch=256, prefix_cache_tokens=512))
+    chat_prompt = "You are a helpful family chat assistant. Keep answers short and kind. " * 3
+    try:
+        _complete(engine, "voice-warm", HOUSE + "Hello.")
+        _complete(engine, "chat-warm", chat_prompt + "Hello.")
+        reused = {"voice": [], "chat": []}
+        for i in range(3):
+            reused["chat"].append(_complete(engine, f"chat-{i}", chat_prompt + f"Idea {i}?")[0])
+            reused["voice"].append(_complete(engine, f"voice-{i}", HOUSE + f"Lamp {i} on.")[0])
+        assert min(reused["voice"]) >= len(engine.tokenize(HOUSE, add_special=True)) - 2
+        assert min(reused["chat"]) >= len(engine.tokenize(chat_prompt, add_special=True)) - 2
+    finally:
+        engine.close()

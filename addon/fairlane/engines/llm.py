@@ -64,6 +64,9 @@ class Sequence:
     # A cached prefix this sequence starts from, copied in when its first chunk runs.
     reuse: CachedPrefix | None = None
     reuse_tokens: int = 0
+    # The entry it was admitted to start from (kept after the pin goes, for the cache's
+    # bookkeeping when it finishes).
+    started_from: CachedPrefix | None = None
 
     @property
     def generated(self) -> int:
@@ -220,7 +223,7 @@ class LlamaEngine:
                 entry.pins += 1
                 entry.hits += 1
                 entry.used_at = time.monotonic()
-                seq.reuse, seq.reuse_tokens = entry, reused
+                seq.reuse, seq.reuse_tokens, seq.started_from = entry, reused, entry
         self.sequences[request_id] = seq
         return seq.reuse_tokens
 
@@ -286,13 +289,26 @@ class LlamaEngine:
             self._store_prefix(seq, tokens, budget)
 
     def _store_prefix(self, seq: Sequence, tokens: list[int], budget: int) -> None:
-        """Keep `tokens`' cells if room can be made: an entry they extend is superseded (its
-        hits carry over); then entries no prompt has reused go first, least recently used
-        first; an entry prompts have reused more often goes only when idle `REUSED_KEEP_S`.
-        Entries that sequences are about to start from (pinned) always stay."""
+        """Keep `tokens`' cells if room can be made.
+
+        An entry they extend is superseded, and so is the entry the sequence started from when
+        it reused most of it (Home Assistant's system prompt and an earlier turn's unique words:
+        the new entry holds the same system prompt, and the latest turn); their hits carry
+        over. Then entries no prompt has reused go first, least recently used first; an entry
+        prompts have reused more often goes only when idle `REUSED_KEEP_S`. Entries that
+        sequences are about to start from (pinned) always stay.
+        """
         hits = 0
-        for entry in [e for e in self.cache if _common_prefix(e.tokens, tokens) == len(e.tokens)]:
-            if entry.pins == 0:
+        superseded = [e for e in self.cache if _common_prefix(e.tokens, tokens) == len(e.tokens)]
+        started_from = seq.started_from
+        if (
+            started_from is not None
+            and started_from in self.cache
+            and 2 * seq.reuse_tokens >= len(started_from.tokens)
+        ):
+            superseded.append(started_from)
+        for entry in superseded:
+            if entry.pins == 0 and entry in self.cache:
                 hits = max(hits, entry.hits)
                 self._evict(entry)
         now = time.monotonic()
