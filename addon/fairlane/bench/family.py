@@ -312,8 +312,9 @@ class Played:
     duration_s: float
     records: list[RequestRecord] = field(default_factory=list)
     turns: list[tuple[RequestRecord, RequestRecord]] = field(default_factory=list)  # voice
-    # Background work finished within the phase: LLM tokens (prompt and output of summaries
-    # and automations) and embedded tokens (documents), apart: they differ a hundredfold in cost.
+    # Background work done within the phase: LLM tokens (the prompts of answers that began, and
+    # the tokens received) and embedded tokens (documents finished), apart: they differ a
+    # hundredfold in cost.
     background_llm_tokens: int = 0
     embedded_tokens: int = 0
     errors: list[str] = field(default_factory=list)
@@ -429,13 +430,16 @@ class Player:
         record = self._record(job)
         timing = self.target.chat(messages, job.output_tokens, job, self._stop_for(job))
         record.token_times = [t - self._t0 for t in timing.token_times]
+        if not job.priority.interactive:
+            # Work done within the phase: the prompt of an answer that began, and every token
+            # received (a summary cut at the end still counts what it got through; a prompt
+            # cut mid-prefill counts nothing, as the client cannot see it).
+            received = [t for t in record.token_times if t <= self.workload.duration_s]
+            if received:
+                with self._lock:
+                    self.played.background_llm_tokens += job.prompt_tokens + len(received)
         if timing.error is None and not self._stop_for(job).is_set():
             record.finished_at = self.now()
-            if not job.priority.interactive:
-                with self._lock:
-                    self.played.background_llm_tokens += job.prompt_tokens + len(
-                        timing.token_times
-                    )
             if job.then is not None:
                 self._job(job.then)
         elif timing.error:
