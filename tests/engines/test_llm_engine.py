@@ -108,16 +108,17 @@ def cached_engine() -> Iterator[LlamaEngine]:
     engine.close()
 
 
-def _complete(engine: LlamaEngine, rid: str, text: str) -> tuple[int, int, list[int]]:
+def _complete(engine: LlamaEngine, rid: str, text: str,
+              priority: Priority = Priority.VOICE) -> tuple[int, int, list[int]]:
     """Run one request to its end as the device loop would; (reused, prefilled, output)."""
     prompt = engine.tokenize(text, add_special=True)
     reused = engine.add(rid, prompt, SHORT)
     engine.execute(LlmPlan(
-        (Chunk(rid, reused, len(prompt) - reused, True, False, Priority.VOICE),), (), 0.0, 0))
+        (Chunk(rid, reused, len(prompt) - reused, True, False, priority),), (), 0.0, 0))
     while engine.sequences[rid].finish_reason is None:
         seq = engine.sequences[rid]
         engine.execute(LlmPlan(
-            (Chunk(rid, len(seq.tokens) - 1, 1, True, True, Priority.VOICE),), (), 0.0, 0))
+            (Chunk(rid, len(seq.tokens) - 1, 1, True, True, priority),), (), 0.0, 0))
     out = engine.sequences[rid].tokens[len(prompt):]
     engine.release(rid)
     return reused, len(prompt) - reused, out
@@ -245,7 +246,8 @@ def test_unique_background_prompts_do_not_push_out_a_reused_system_prompt() -> N
         reused, _, _ = _complete(engine, "voice-1", HOUSE + "Is the sprinkler on?")
         assert reused > 0
         for i in range(4):  # unique documents, each as long as the cache allows
-            _complete(engine, f"summary-{i}", f"Document {i}. " + HOUSE[::-1] * 2)
+            _complete(engine, f"summary-{i}", f"Document {i}. " + HOUSE[::-1] * 2,
+                      Priority.BACKGROUND)
         reused_after, _, _ = _complete(engine, "voice-2", HOUSE + "Lock the door.")
         assert reused_after >= reused
     finally:

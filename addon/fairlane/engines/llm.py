@@ -67,6 +67,7 @@ class Sequence:
     # The entry it was admitted to start from (kept after the pin goes, for the cache's
     # bookkeeping when it finishes).
     started_from: CachedPrefix | None = None
+    interactive: bool = True  # its class, from its chunks (voice or chat; not background)
 
     @property
     def generated(self) -> int:
@@ -82,6 +83,7 @@ class CachedPrefix:
     used_at: float
     pins: int = 0  # sequences admitted to start from it, until they are released
     hits: int = 0  # prompts that started from it (Home Assistant's system prompt: many)
+    interactive: bool = True  # stored by a voice or chat turn (a background one: False)
 
 
 @dataclass(frozen=True)
@@ -99,10 +101,6 @@ class EngineConfig:
     prefix_cache_slots: int = 2
 
 
-# A prefix that prompts have started from is kept against new entries that none has used yet
-# (a summary's unique document must not push out Home Assistant's system prompt), unless it has
-# not been used for this long.
-REUSED_KEEP_S = 600.0
 # A shorter common prefix is not worth a cache lookup's bookkeeping.
 MIN_PREFIX_REUSE = 16
 
@@ -294,8 +292,10 @@ class LlamaEngine:
         An entry they extend is superseded, and so is the entry the sequence started from when
         it reused most of it (Home Assistant's system prompt and an earlier turn's unique words:
         the new entry holds the same system prompt, and the latest turn); their hits carry
-        over. Then entries no prompt has reused go first, least recently used first; an entry
-        prompts have reused more often goes only when idle `REUSED_KEEP_S`. Entries that
+        over. Room is then made from the least valuable entries first: a background turn's,
+        then one no prompt has reused, then the least recently used. A background turn (a
+        summary of a unique document) may only replace another background turn's entry that
+        nobody reused: it must not push out Home Assistant's system prompt. Entries that
         sequences are about to start from (pinned) always stay.
         """
         hits = 0
@@ -311,24 +311,30 @@ class LlamaEngine:
             if entry.pins == 0 and entry in self.cache:
                 hits = max(hits, entry.hits)
                 self._evict(entry)
-        now = time.monotonic()
 
         def has_room() -> bool:
             return bool(self.cache_ids) and (
                 sum(len(e.tokens) for e in self.cache) + len(tokens) <= budget
             )
 
-        for entry in sorted(self.cache, key=lambda e: (e.hits, e.used_at)):
+        def may_replace(entry: CachedPrefix) -> bool:
+            if entry.pins:
+                return False
+            return seq.interactive or (not entry.interactive and entry.hits == 0)
+
+        for entry in sorted(self.cache, key=lambda e: (e.interactive, e.hits > 0, e.used_at)):
             if has_room():
                 break
-            if entry.pins == 0 and (entry.hits <= hits or now - entry.used_at > REUSED_KEEP_S):
+            if may_replace(entry):
                 self._evict(entry)
         if not has_room():
             return  # what is cached is worth more than this sequence's tokens: keep it
         assert seq.seq_id is not None
         cache_id = self.cache_ids.pop()
         lc.llama_memory_seq_cp(self.memory, seq.seq_id, cache_id, 0, len(tokens))
-        self.cache.append(CachedPrefix(cache_id, tokens, now, hits=hits))
+        entry = CachedPrefix(cache_id, tokens, time.monotonic(), hits=hits)
+        entry.interactive = seq.interactive
+        self.cache.append(entry)
 
     def _evict(self, entry: CachedPrefix) -> None:
         lc.llama_memory_seq_rm(self.memory, entry.seq_id, -1, -1)
@@ -371,6 +377,7 @@ class LlamaEngine:
         sampling: list[tuple[Sequence, int]] = []
         for chunk in plan.chunks:
             seq = self.sequences[chunk.request_id]
+            seq.interactive = chunk.priority.interactive
             if seq.seq_id is None:
                 seq.seq_id = self.free_ids.pop()
             if chunk.start == 0:  # a fresh start or a recompute: no stale cells
