@@ -41,6 +41,11 @@ SEARCH_SPACE: dict[str, tuple[float, ...]] = {
 INTEGER_SETTINGS = {"max_batch_tokens", "max_num_seqs", "embed_max_batch", "stt_max_batch"}
 
 
+def typed(settings: dict[str, float]) -> dict[str, int | float]:
+    """The settings as the policy configuration takes them (counts as integers)."""
+    return {k: int(v) if k in INTEGER_SETTINGS else float(v) for k, v in settings.items()}
+
+
 # --- calibration ----------------------------------------------------------------------------------
 
 
@@ -167,8 +172,7 @@ def evaluate(scenario: Any, settings: dict[str, float], seed: int = 0) -> Trial:
     from fairlane.sim import Scenario, simulate
     from fairlane.sim.report import background_done, summarize
 
-    overrides = {k: int(v) if k in INTEGER_SETTINGS else float(v) for k, v in settings.items()}
-    config = replace(scenario.config, **overrides)
+    config = replace(scenario.config, **typed(settings))
     trial = Scenario(scenario.workload, scenario.profile, config)
     result = simulate(trial, "fairlane", seed=seed)
     report = summarize(result, scenario.workload.slo)
@@ -222,15 +226,12 @@ def search(
 
 
 def _describe(settings: dict[str, float]) -> str:
-    return ", ".join(
-        f"{k}={int(v) if k in INTEGER_SETTINGS else v:g}" for k, v in sorted(settings.items())
-    )
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(typed(settings).items()))
 
 
 def config_file(settings: dict[str, float], note: str) -> str:
     """The chosen settings as a `fairlane serve --config` file."""
-    policy = {k: int(v) if k in INTEGER_SETTINGS else float(v) for k, v in settings.items()}
-    return f"# {note}\n" + yaml.safe_dump({"policy": policy}, sort_keys=True)
+    return f"# {note}\n" + yaml.safe_dump({"policy": typed(settings)}, sort_keys=True)
 
 
 def verify(
@@ -252,12 +253,7 @@ def verify(
     prompts = Prompts(seed=0)
     rows = []
     for trial in trials:
-        extra = {
-            "policy": {
-                k: int(v) if k in INTEGER_SETTINGS else float(v) for k, v in trial.settings.items()
-            }
-        }
-        target = FairlaneTarget("fairlane", threads, extra)
+        target = FairlaneTarget("fairlane", threads, {"policy": typed(trial.settings)})
         try:
             warm_up(target, workload, prompts, audio)
             played = Played("fairlane", "mixed", 1, workload.duration_s)

@@ -38,9 +38,10 @@ def test_fcfs_prefills_whole_prompts_so_a_chat_turn_waits_for_them() -> None:
     assert _chat_first_token_after_a_long_background_prompt("fairlane") < 0.125 + 0.03
 
 
-def test_fcfs_serves_the_oldest_work_first_whatever_its_class() -> None:
-    policy = make("fcfs")
-    for i in range(200):
+def _plans_for_a_command_behind_a_backlog(name: str, backlog: int) -> list:
+    """Every plan, in order, when a spoken command arrives just after `backlog` texts to embed."""
+    policy = make(name)
+    for i in range(backlog):
         policy.add(embed(f"e{i}"), 0.0)
     policy.add(stt("u", VOICE), 0.01)
     plans = []
@@ -48,6 +49,11 @@ def test_fcfs_serves_the_oldest_work_first_whatever_its_class() -> None:
     while policy.has_work():
         plan, _, now = step(policy, now)
         plans.append(plan)
+    return plans
+
+
+def test_fcfs_serves_the_oldest_work_first_whatever_its_class() -> None:
+    plans = _plans_for_a_command_behind_a_backlog("fcfs", 200)
     assert isinstance(plans[-1], SttPlan)  # the voice command waited for the whole backlog
     assert all(isinstance(p, EmbedPlan) for p in plans[:-1])
 
@@ -106,13 +112,5 @@ def test_llama_server_style_splits_a_prompt_at_n_batch_and_decodes_first() -> No
 
 
 def test_one_vllm_like_engine_still_serves_the_oldest_work_first() -> None:
-    policy = make("vllm")
-    for i in range(100):
-        policy.add(embed(f"e{i}"), 0.0)
-    policy.add(stt("u", VOICE), 0.01)
-    plans = []
-    now = 0.01
-    while policy.has_work():
-        plan, _, now = step(policy, now)
-        plans.append(plan)
+    plans = _plans_for_a_command_behind_a_backlog("vllm", 100)
     assert isinstance(plans[-1], SttPlan)

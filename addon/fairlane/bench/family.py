@@ -172,7 +172,7 @@ class FairlaneTarget:
         self.server.close()
 
 
-class SeparateServers:
+class SeparateStack:
     """llama-server, wyoming-faster-whisper and an embedding server, as separate processes,
     each on its defaults for this machine (every one uses all the cores)."""
 
@@ -295,7 +295,7 @@ async def _wyoming_transcribe(port: int, audio: bytes) -> str:
 
 def start_target(name: str, threads: int) -> Target:
     if name == "separate":
-        return SeparateServers(threads)
+        return SeparateStack(threads)
     return FairlaneTarget(name, threads)
 
 
@@ -632,7 +632,7 @@ def family(
                     Player(target, workload, prompts, audio, played, give_up_s).play(phase)
                     reports.append(summarize(played, workload.slo))
                     progress(format_rows(reports[-1:]).splitlines()[-1])
-                    _settle(target)
+                    _settle()
             finally:
                 target.close()
     return {"reports": reports, "ratios": ratios(reports)}
@@ -675,7 +675,7 @@ def warm_up(
     target.embed(["warm-up text"], "warm-up")
 
 
-def _settle(target: Target, seconds: float = 3.0) -> None:
+def _settle(seconds: float = 3.0) -> None:
     """A pause between phases: cancelled work leaves the device before the next phase."""
     time.sleep(seconds)
 
