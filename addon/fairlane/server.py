@@ -46,6 +46,7 @@ from fairlane.api.documents import (
 )
 from fairlane.api.embeddings import embeddings
 from fairlane.api.speech import transcriptions
+from fairlane.api.voice import speech, voices
 from fairlane.chat import ChatTemplate, ChatTemplateError
 from fairlane.device import DeviceLoop
 from fairlane.documents import DocumentStore, progress
@@ -57,9 +58,12 @@ from fairlane.engines.llm import (
     default_threads,
 )
 from fairlane.engines.stt import SttConfig, WhisperEngine
+from fairlane.engines.tts import PiperVoice
+from fairlane.engines.tts import TtsConfig as TtsEngineConfig
 from fairlane.openapi import OPENAPI
 from fairlane.policy import CostModel, Kind, Priority, make_policy
 from fairlane.profiles import load as load_profile
+from fairlane.synthesis import VoiceService
 from fairlane.telemetry import Telemetry
 from fairlane.wyoming_server import SpeechService
 
@@ -125,6 +129,8 @@ def create_app(services: Services) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/chat/completions/{id}/cancel", cancel_completion)
     app.router.add_post("/v1/audio/transcriptions", transcriptions)
+    app.router.add_post("/v1/audio/speech", speech)
+    app.router.add_get("/v1/audio/voices", voices)
     app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_post("/v1/documents", add_document)
     app.router.add_get("/v1/documents", list_documents)
@@ -155,6 +161,7 @@ async def health(request: web.Request) -> web.Response:
             "models": {
                 "llm": svc.model_name,
                 "stt": svc.speech.model_name if svc.speech else None,
+                "tts": svc.voice.voices[0] if svc.voice else None,
             },
             "wyoming_port": svc.wyoming_port,
         }
@@ -173,6 +180,7 @@ async def list_models(request: web.Request) -> web.Response:
     svc = services_of(request)
     names = [svc.model_name] + ([svc.speech.model_name] if svc.speech else [])
     names += [svc.embed_name] if svc.embedder else []
+    names += svc.voice.voices if svc.voice else []
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "fairlane"} for name in names]
     return web.json_response({"object": "list", "data": data})
 
@@ -281,6 +289,16 @@ def build_services(cfg: config_mod.Config) -> Services:
             )
         )
         engines[Kind.STT] = stt
+    tts: PiperVoice | None = None
+    if cfg.tts.enabled:
+        tts = PiperVoice(
+            TtsEngineConfig(
+                model_path=models.resolve_voice(cfg.tts.voice),
+                threads=cfg.tts.threads or default_threads(),
+                device=cfg.tts.device,
+            )
+        )
+        engines[Kind.TTS] = tts
     embedder: EmbeddingEngine | None = None
     if cfg.embed.enabled:
         embedder = EmbeddingEngine(
@@ -298,6 +316,7 @@ def build_services(cfg: config_mod.Config) -> Services:
     telemetry = Telemetry(policy_config)
     name = cfg.llm.model if cfg.llm.model in models.PACKAGED else model_path.stem
     speech = SpeechService(device, stt, telemetry, cfg.stt.model) if stt is not None else None
+    voice = VoiceService(device, tts, telemetry) if tts is not None else None
     return Services(
         cfg,
         device,
@@ -308,6 +327,7 @@ def build_services(cfg: config_mod.Config) -> Services:
         name,
         cfg.policy_name,
         speech,
+        voice=voice,
         embedder=embedder,
         embed_name=cfg.embed.model,
         documents=DocumentStore(Path(cfg.server.data_dir).expanduser() / "fairlane.sqlite")
@@ -318,13 +338,14 @@ def build_services(cfg: config_mod.Config) -> Services:
 
 async def _start_wyoming(app: web.Application) -> None:
     svc = app[SERVICES]
-    if svc.speech is None or not svc.config.wyoming.enabled:
+    if (svc.speech is None and svc.voice is None) or not svc.config.wyoming.enabled:
         return
     host = svc.config.wyoming.host or svc.config.server.host
-    server = await wyoming_server.start(svc.speech, host, svc.config.wyoming.port)
+    services = wyoming_server.WyomingServices(svc.speech, svc.voice)
+    server = await wyoming_server.start(services, host, svc.config.wyoming.port)
     svc.wyoming_port = wyoming_server.bound_port(server)
     app[WYOMING] = server
-    _LOGGER.info("Wyoming ASR on tcp://%s:%d (no authentication)", host, svc.wyoming_port)
+    _LOGGER.info("Wyoming on tcp://%s:%d (no authentication)", host, svc.wyoming_port)
 
 
 async def _stop_wyoming(app: web.Application) -> None:

@@ -153,6 +153,7 @@ class Telemetry:
         for priority in Priority:
             mine = [r for r in records if r.priority is priority and r.kind is Kind.LLM]
             speech = [r for r in records if r.priority is priority and r.kind is Kind.STT]
+            spoken = [r for r in records if r.priority is priority and r.kind is Kind.TTS]
             factors = [f for at, p, f in self.speech_rtf if p is priority and at >= now - span]
             slo = self.config.slo[priority]
             classes[priority.label] = {
@@ -173,6 +174,12 @@ class Telemetry:
                     "slo_met": round(sum(r.met(slo) for r in speech) / len(speech), 3)
                     if speech
                     else None,
+                },
+                "tts": {
+                    "requests": len(spoken),
+                    # Speech synthesis: text in → first sentence's audio out.
+                    "first_audio_ms": _quantiles([t for r in spoken if (t := r.ttft) is not None]),
+                    "e2e_ms": _quantiles([t for r in spoken if (t := r.e2e) is not None]),
                 },
                 "waiting": device["waiting"][priority.label],
                 "running": device["running"][priority.label],

@@ -1,19 +1,29 @@
-"""A Wyoming ASR server (the protocol of Home Assistant's local voice stack) on its own port.
+"""A Wyoming server (the protocol of Home Assistant's local voice stack) on its own port:
+speech-to-text and text-to-speech.
 
-Home Assistant's built-in Wyoming integration talks to it unchanged. A conversation is:
+Home Assistant's built-in Wyoming integration talks to it unchanged. The conversations are:
 
-    → describe            ← info (the model, its languages)
+    → describe            ← info (the Whisper model and its languages; the voices)
     → transcribe          (optional: language)
     → audio-start, audio-chunk…, audio-stop
     ← transcript-start, transcript-chunk, transcript-stop (streaming clients), transcript
 
-Utterances go through the same device loop as HTTP requests, as `voice` work. Wyoming has no
-authentication: bind it to a trusted interface only.
+    → synthesize (text)   ← audio-start, audio-chunk…, audio-stop
+
+    → synthesize-start, synthesize-chunk…, [synthesize (the whole text, ignored)],
+      synthesize-stop
+    ← audio-start, audio-chunk… (each sentence as soon as it is spoken), audio-stop,
+      synthesize-stopped
+
+Utterances and sentences go through the same device loop as HTTP requests, as `voice` work.
+Wyoming has no authentication: bind it to a trusted interface only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -23,14 +33,23 @@ from wyoming.asr import Transcribe, Transcript, TranscriptChunk, TranscriptStart
 from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event
-from wyoming.info import AsrModel, AsrProgram, Attribution, Describe, Info
+from wyoming.info import AsrModel, AsrProgram, Attribution, Describe, Info, TtsProgram, TtsVoice
 from wyoming.server import AsyncEventHandler, AsyncTcpServer
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeStopped,
+)
 
 from fairlane import __version__
 from fairlane.device import DeviceLoop
 from fairlane.engines.stt import SAMPLE_RATE, AudioError, Utterance, WhisperEngine
+from fairlane.engines.tts import TextError
 from fairlane.policy import Priority
 from fairlane.speech import Cancelled, Expired, Refused, transcribe
+from fairlane.synthesis import SentenceBuffer, VoiceService, sentences_of, speak
 from fairlane.telemetry import Telemetry
 
 _LOGGER = logging.getLogger(__name__)
@@ -44,8 +63,50 @@ class SpeechService:
     model_name: str
 
 
-def describe(service: SpeechService) -> Info:
+@dataclass(frozen=True)
+class WyomingServices:
+    speech: SpeechService | None
+    voice: VoiceService | None
+
+
+SAMPLES_PER_CHUNK = 1024  # audio-chunk size, as Wyoming's own servers send
+
+
+def describe(services: WyomingServices) -> Info:
     attribution = Attribution(name="Fairlane", url="https://github.com/")
+    info = Info()
+    if services.speech is not None:
+        info.asr = [_asr_program(services.speech, attribution)]
+    if services.voice is not None:
+        info.tts = [_tts_program(services.voice, attribution)]
+    return info
+
+
+def _tts_program(voice: VoiceService, attribution: Attribution) -> TtsProgram:
+    engine = voice.engine
+    voices = [
+        TtsVoice(
+            name=name,
+            description=f"{name} (Piper), scheduled by Fairlane",
+            attribution=Attribution(name="Piper voices", url="https://github.com/rhasspy/piper"),
+            installed=True,
+            version=__version__,
+            languages=[engine.language],
+        )
+        for name in voice.voices
+    ]
+    return TtsProgram(
+        name="fairlane-tts",
+        description="Fairlane text-to-speech",
+        attribution=attribution,
+        installed=True,
+        version=__version__,
+        voices=voices,
+        supports_synthesize_streaming=True,
+    )
+
+
+def _asr_program(service: SpeechService, attribution: Attribution) -> AsrProgram:
     model = AsrModel(
         name=service.model_name,
         description=f"Whisper ({service.model_name}) on CTranslate2, scheduled by Fairlane",
@@ -54,7 +115,7 @@ def describe(service: SpeechService) -> Info:
         languages=service.engine.languages,
         version=__version__,
     )
-    program = AsrProgram(
+    return AsrProgram(
         name="fairlane",
         description="Fairlane speech-to-text",
         attribution=attribution,
@@ -63,23 +124,26 @@ def describe(service: SpeechService) -> Info:
         models=[model],
         supports_transcript_streaming=True,
     )
-    return Info(asr=[program])
 
 
-class AsrHandler(AsyncEventHandler):
-    """One client connection: collects an utterance, returns its transcript."""
+class WyomingHandler(AsyncEventHandler):
+    """One client connection: an utterance to transcribe, or a text to speak."""
 
-    def __init__(self, service: SpeechService, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, services: WyomingServices, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.service = service
+        self.services = services
         self.converter = AudioChunkConverter(rate=SAMPLE_RATE, width=2, channels=1)
         self.audio = bytearray()
         self.language: str | None = None
+        self.text: asyncio.Queue[str | None] | None = None  # a streamed synthesis's text
+        self.speaking: asyncio.Task[None] | None = None
 
     async def handle_event(self, event: Event) -> bool:
         if Describe.is_type(event.type):
-            await self.write_event(describe(self.service).event())
+            await self.write_event(describe(self.services).event())
             return True
+        if self.services.voice is not None and _is_synthesis(event):
+            return await self._synthesis_event(event, self.services.voice)
         if Transcribe.is_type(event.type):
             self.language = Transcribe.from_event(event).language
             return True
@@ -94,14 +158,79 @@ class AsrHandler(AsyncEventHandler):
             return False  # one utterance per connection, as Home Assistant uses it
         return True
 
+    async def _synthesis_event(self, event: Event, voice: VoiceService) -> bool:
+        if SynthesizeStart.is_type(event.type):
+            self.text = asyncio.Queue()
+            self.speaking = asyncio.create_task(self._speak_stream(voice, self.text))
+            return True
+        if SynthesizeChunk.is_type(event.type):
+            if self.text is not None:
+                self.text.put_nowait(SynthesizeChunk.from_event(event).text)
+            return True
+        if SynthesizeStop.is_type(event.type):
+            if self.text is not None and self.speaking is not None:
+                self.text.put_nowait(None)
+                await self.speaking
+            await self.write_event(SynthesizeStopped().event())
+            return False
+        if self.text is not None:
+            return True  # the whole text again, for older servers: already being spoken
+        text = Synthesize.from_event(event).text
+        try:
+            sentences = sentences_of(text)
+        except TextError as err:
+            await self.write_event(Error(text=str(err), code="TextError").event())
+            return False
+        await self._speak(voice, sentences)
+        return False
+
+    async def _speak_stream(self, voice: VoiceService, text: asyncio.Queue[str | None]) -> None:
+        buffer = SentenceBuffer()
+
+        async def sentences() -> AsyncIterator[str]:
+            while (chunk := await text.get()) is not None:
+                for sentence in buffer.add(chunk):
+                    yield sentence
+            for sentence in buffer.flush():
+                yield sentence
+
+        await self._speak(voice, sentences())
+
+    async def _speak(self, voice: VoiceService, sentences: AsyncIterator[str] | list[str]) -> None:
+        rate = voice.engine.sample_rate
+        started = False
+        try:
+            async for audio in speak(voice, sentences, Priority.VOICE, client="wyoming"):
+                if not started:
+                    await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
+                    started = True
+                step = SAMPLES_PER_CHUNK * 2
+                for offset in range(0, len(audio.pcm), step):
+                    chunk = AudioChunk(
+                        rate=rate, width=2, channels=1, audio=audio.pcm[offset : offset + step]
+                    )
+                    await self.write_event(chunk.event())
+        except (TextError, Refused, Cancelled, Expired) as err:
+            await self.write_event(Error(text=str(err), code=type(err).__name__).event())
+            return
+        if not started:
+            await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
+        await self.write_event(AudioStop().event())
+
     async def _transcribe(self) -> None:
         samples = np.frombuffer(bytes(self.audio), dtype="<i2").astype(np.float32) / 32768.0
         utterance = Utterance(samples, self.language)
+        service = self.services.speech
+        if service is None:
+            await self.write_event(
+                Error(text="speech-to-text is disabled", code="Disabled").event()
+            )
+            return
         try:
             result = await transcribe(
-                self.service.device,
-                self.service.engine,
-                self.service.telemetry,
+                service.device,
+                service.engine,
+                service.telemetry,
                 utterance,
                 Priority.VOICE,
                 client="wyoming",
@@ -115,10 +244,17 @@ class AsrHandler(AsyncEventHandler):
         await self.write_event(Transcript(text=result.text, language=result.language).event())
 
 
-async def start(service: SpeechService, host: str, port: int) -> AsyncTcpServer:
+def _is_synthesis(event: Event) -> bool:
+    return any(
+        kind.is_type(event.type)
+        for kind in (Synthesize, SynthesizeStart, SynthesizeChunk, SynthesizeStop)
+    )
+
+
+async def start(services: WyomingServices, host: str, port: int) -> AsyncTcpServer:
     """Start serving on host:port (port 0: any free port); returns the running server."""
     server = AsyncTcpServer(host, port)
-    await server.start(partial(AsrHandler, service))
+    await server.start(partial(WyomingHandler, services))
     return server
 
 

@@ -22,6 +22,7 @@ from fairlane.engines.llm import (
     LlamaEngine,
 )
 from fairlane.policy import Admission, Priority
+from fairlane.synthesis import VoiceService
 from fairlane.telemetry import Telemetry
 from fairlane.wyoming_server import SpeechService
 
@@ -148,6 +149,7 @@ class Services:
     model_name: str
     policy_name: str
     speech: SpeechService | None = None
+    voice: VoiceService | None = None
     wyoming_port: int | None = None
     embedder: EmbeddingEngine | None = None
     embed_name: str = ""

@@ -6,7 +6,7 @@ simulator and the tests.
 
 from fairlane.policy.base import Policy
 from fairlane.policy.config import PolicyConfig, Slo
-from fairlane.policy.cost import CostModel, CostProfile, EmbedCost, LlmCost, SttCost
+from fairlane.policy.cost import CostModel, CostProfile, EmbedCost, LlmCost, SttCost, TtsCost
 from fairlane.policy.fcfs import FcfsScheduler, SeparateServers, SingleEngineFcfs
 from fairlane.policy.plan import (
     Admission,
@@ -19,6 +19,7 @@ from fairlane.policy.plan import (
     StepPlan,
     StepResult,
     SttPlan,
+    TtsPlan,
 )
 from fairlane.policy.request import Kind, Priority, Request, Status
 from fairlane.policy.scheduler import FairlaneScheduler
@@ -68,5 +69,7 @@ __all__ = [
     "StepResult",
     "SttCost",
     "SttPlan",
+    "TtsCost",
+    "TtsPlan",
     "make_policy",
 ]

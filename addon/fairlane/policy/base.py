@@ -26,6 +26,7 @@ from fairlane.policy.plan import (
     StepPlan,
     StepResult,
     SttPlan,
+    TtsPlan,
 )
 from fairlane.policy.request import Kind, Priority, Request, Status
 
@@ -347,7 +348,7 @@ class Policy(ABC):
 
 def class_seconds(plan: StepPlan, elapsed_s: float) -> dict[Priority, float]:
     """Attribute a step's device time to classes, in proportion to the tokens each carried."""
-    if isinstance(plan, EmbedPlan | SttPlan):
+    if isinstance(plan, EmbedPlan | SttPlan | TtsPlan):
         return {plan.priority: elapsed_s}
     weights: dict[Priority, float] = {}
     for chunk in plan.chunks:

@@ -49,10 +49,12 @@ class PolicyConfig:
     kv_blocks: int = 2048
     block_size: int = 16
     kv_watermark: float = 0.1
-    # Embedding and speech batches.
+    # Embedding and speech batches. Speech synthesis: sentences per step (a Piper voice's graph
+    # returns no per-sentence lengths, so the engine runs a step's sentences one after another).
     embed_max_batch: int = 64
     embed_max_batch_tokens: int = 8192
     stt_max_batch: int = 8
+    tts_max_batch: int = 1
     # Rule 6: weights of VTC's service counter.
     vtc_input_weight: float = 1.0
     vtc_output_weight: float = 2.0

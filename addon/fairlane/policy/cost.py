@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from fairlane.policy.plan import EmbedPlan, LlmPlan, StepPlan
+from fairlane.policy.plan import EmbedPlan, LlmPlan, StepPlan, SttPlan
 from fairlane.policy.request import Kind
 
 
@@ -39,12 +39,23 @@ class SttCost:
 
 
 @dataclass(frozen=True)
+class TtsCost:
+    base_ms: float
+    phoneme_ms: float  # per phoneme synthesised (about 12 per second of speech)
+
+
+# A profile that predates speech synthesis: this machine's measured Piper voice (cpu-2core.yaml).
+DEFAULT_TTS = TtsCost(base_ms=15.0, phoneme_ms=2.2)
+
+
+@dataclass(frozen=True)
 class CostProfile:
     name: str
     llm: LlmCost
     embed: EmbedCost
     stt: SttCost
     description: str = ""
+    tts: TtsCost = DEFAULT_TTS
 
 
 @dataclass
@@ -115,6 +126,7 @@ TERMS: dict[Kind, tuple[str, ...]] = {
     Kind.LLM: ("base", "prefill_token", "decode_seq", "context_token"),
     Kind.EMBED: ("base", "token"),
     Kind.STT: ("base", "utterance", "audio_s"),
+    Kind.TTS: ("base", "phoneme"),
 }
 
 
@@ -145,6 +157,9 @@ class CostModel:
         c = self.profile.stt
         return (c.base_ms, c.utterance_ms * utterances, c.audio_s_ms * audio_s)
 
+    def _tts_terms(self, phonemes: int) -> tuple[float, ...]:
+        return (self.profile.tts.base_ms, self.profile.tts.phoneme_ms * phonemes)
+
     def _seconds(self, kind: Kind, terms: tuple[float, ...]) -> float:
         weights = self.fits[kind].weights
         return sum(w * t for w, t in zip(weights, terms, strict=True)) / 1000.0
@@ -160,13 +175,21 @@ class CostModel:
     def stt_s(self, utterances: int, audio_s: float) -> float:
         return self._seconds(Kind.STT, self._stt_terms(utterances, audio_s))
 
+    def tts_s(self, phonemes: int) -> float:
+        return self._seconds(Kind.TTS, self._tts_terms(phonemes))
+
     def plan_s(self, plan: StepPlan) -> float:
         """What a plan of this shape costs on this device."""
+        return self._seconds(plan.kind, self._terms(plan))
+
+    def _terms(self, plan: StepPlan) -> tuple[float, ...]:
         if isinstance(plan, LlmPlan):
-            return self.llm_s(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens)
+            return self._llm_terms(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens)
         if isinstance(plan, EmbedPlan):
-            return self.embed_s(plan.padded_tokens)
-        return self.stt_s(len(plan.request_ids), plan.audio_s)
+            return self._embed_terms(plan.padded_tokens)
+        if isinstance(plan, SttPlan):
+            return self._stt_terms(len(plan.request_ids), plan.audio_s)
+        return self._tts_terms(plan.phonemes)
 
     def fixed_s(self, kind: Kind) -> float:
         """The part of a step's cost that batching shares (what a batch window can save)."""
@@ -174,6 +197,7 @@ class CostModel:
             Kind.LLM: self.profile.llm.base_ms,
             Kind.EMBED: self.profile.embed.base_ms,
             Kind.STT: self.profile.stt.base_ms,
+            Kind.TTS: self.profile.tts.base_ms,
         }[kind]
         return base * self.fits[kind].weights[0] / 1000.0
 
@@ -204,13 +228,7 @@ class CostModel:
         """Fold a measured step time into the fit of its engine's terms."""
         if measured_s <= 0:
             return
-        if isinstance(plan, LlmPlan):
-            terms = self._llm_terms(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens)
-        elif isinstance(plan, EmbedPlan):
-            terms = self._embed_terms(plan.padded_tokens)
-        else:
-            terms = self._stt_terms(len(plan.request_ids), plan.audio_s)
-        self.fits[plan.kind].update(terms, measured_s * 1000.0)
+        self.fits[plan.kind].update(self._terms(plan), measured_s * 1000.0)
 
     def weights(self) -> dict[str, dict[str, float]]:
         """Each engine's learned multiplier per profile term (1.0: as the profile says)."""

@@ -1,7 +1,8 @@
 """Baselines: how work is served without Fairlane's classes, slices and fairness.
 
 - `separate` is what a household runs today: llama-server (or Ollama) for the LLM,
-  wyoming-faster-whisper for speech and an embedding server, as separate processes on one
+  wyoming-faster-whisper for speech, wyoming-piper for the voice and an embedding server, as
+  separate processes on one
   device. Each server keeps its own FIFO; they do not coordinate, so the device runs their steps
   in turn (the operating system or the GPU time-slices the processes). The LLM server batches
   continuously: every generating slot decodes each iteration and prompts join in arrival order,
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from fairlane.policy.base import IterationBuilder, Policy
 from fairlane.policy.config import PolicyConfig
 from fairlane.policy.cost import CostModel
-from fairlane.policy.plan import EmbedPlan, IdlePlan, Plan, SttPlan
+from fairlane.policy.plan import EmbedPlan, IdlePlan, Plan, SttPlan, TtsPlan
 from fairlane.policy.request import Kind, Priority, Request, Status
 
 
@@ -76,6 +77,15 @@ class FcfsScheduler(Policy):
                 priority=Priority.BACKGROUND,
                 padded_tokens=padded,
                 predicted_s=self.cost.embed_s(padded),
+            )
+        if kind is Kind.TTS:
+            taken = self._take(Kind.TTS, self.config.tts_max_batch, now)
+            phonemes = max(r.prompt_tokens for r in taken) * len(taken)
+            return TtsPlan(
+                request_ids=tuple(r.id for r in taken),
+                priority=taken[0].priority,
+                phonemes=phonemes,
+                predicted_s=self.cost.tts_s(phonemes),
             )
         return self._plan_llm(now)
 

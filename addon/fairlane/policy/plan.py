@@ -80,6 +80,18 @@ class SttPlan:
 
 
 @dataclass(frozen=True)
+class TtsPlan:
+    """One speech-synthesis batch: sentences (of one reply or several) synthesised together."""
+
+    request_ids: tuple[str, ...]
+    priority: Priority
+    phonemes: int  # batch size × longest sentence, in phonemes: what the voice really computes
+    predicted_s: float
+
+    kind = Kind.TTS
+
+
+@dataclass(frozen=True)
 class IdlePlan:
     """Nothing to run now. `wake_at` is when a held batch window closes, if one is open."""
 
@@ -87,8 +99,8 @@ class IdlePlan:
     reason: str = "no work"
 
 
-Plan = LlmPlan | EmbedPlan | SttPlan | IdlePlan
-StepPlan = LlmPlan | EmbedPlan | SttPlan
+Plan = LlmPlan | EmbedPlan | SttPlan | TtsPlan | IdlePlan
+StepPlan = LlmPlan | EmbedPlan | SttPlan | TtsPlan
 
 
 @dataclass(frozen=True)

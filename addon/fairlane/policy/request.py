@@ -2,7 +2,7 @@
 
 The engines own the real data (token ids, audio, text); the policy owns the bookkeeping that
 decides what runs next. A request is one unit of schedulable work: one LLM turn, one text to
-embed, or one utterance to transcribe.
+embed, one utterance to transcribe, or one sentence to speak.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Kind(Enum):
     LLM = "llm"
     EMBED = "embed"
     STT = "stt"
+    TTS = "tts"
 
 
 class Status(Enum):
@@ -60,7 +61,8 @@ class Request:
     priority: Priority
     client: str
     arrival: float
-    # LLM: prompt length and output cap. EMBED: text length. STT: unused (audio_s instead).
+    # LLM: prompt length and output cap. EMBED: text length. TTS: the sentence's phonemes.
+    # STT: unused (audio_s instead).
     prompt_tokens: int = 0
     max_tokens: int = 0
     audio_s: float = 0.0

@@ -17,12 +17,22 @@ from fairlane.policy.base import DeviceShare, IterationBuilder, Policy
 from fairlane.policy.config import PolicyConfig
 from fairlane.policy.cost import CostModel
 from fairlane.policy.fairness import FairQueue
-from fairlane.policy.plan import Admission, EmbedPlan, IdlePlan, LlmPlan, Plan, StepPlan, SttPlan
+from fairlane.policy.plan import (
+    Admission,
+    EmbedPlan,
+    IdlePlan,
+    LlmPlan,
+    Plan,
+    StepPlan,
+    SttPlan,
+    TtsPlan,
+)
 from fairlane.policy.request import Kind, Priority, Request, Status
 
 # Within one class the speech lane goes first (the speaker is waiting for the transcript before
-# the LLM turn can even start), then the LLM, then embeddings.
-LANE_ORDER = {Kind.STT: 0, Kind.LLM: 1, Kind.EMBED: 2}
+# the LLM turn can even start), then speech synthesis (a finished sentence is what the person
+# hears next; its text is already there), then the LLM, then embeddings.
+LANE_ORDER = {Kind.STT: 0, Kind.TTS: 1, Kind.LLM: 2, Kind.EMBED: 3}
 INTERACTIVE = (Priority.VOICE, Priority.CHAT)
 # VTC's service unit for speech: Whisper's encoder makes 50 frames per second of audio.
 STT_TOKENS_PER_AUDIO_S = 50.0
@@ -154,6 +164,8 @@ class FairlaneScheduler(Policy):
             return self._plan_stt(choice, now)
         if choice.kind is Kind.EMBED:
             return self._plan_embed(choice, now)
+        if choice.kind is Kind.TTS:
+            return self._plan_tts(choice, now)
         return self._plan_llm(choice, now)
 
     def _ready_queues(self) -> list[tuple[Kind, Priority]]:
@@ -277,8 +289,10 @@ class FairlaneScheduler(Policy):
         of the batch, for the n queued. (Total time to result falls when
         (n + 1) · wait + n · per-item cost < fixed cost.)
         """
-        if choice.kind is Kind.LLM:
-            return None  # sequences join a running LLM batch between iterations anyway
+        if choice.kind in (Kind.LLM, Kind.TTS):
+            # Sequences join a running LLM batch between iterations anyway; a reply's sentences
+            # come one by one as the LLM writes them, so waiting for the next pays nothing.
+            return None
         queue = self.waiting[choice.kind, choice.priority]
         oldest = queue.oldest_arrival()
         window_s = self.config.batch_window_ms[choice.priority] / 1000.0
@@ -331,6 +345,27 @@ class FairlaneScheduler(Policy):
             priority=choice.priority,
             audio_s=audio_s,
             predicted_s=self.cost.stt_s(len(taken), audio_s),
+        )
+
+    def _plan_tts(self, choice: LaneChoice, now: float) -> TtsPlan | None:
+        """Sentences to speak, oldest (by VTC) first; each is one bounded unit of work."""
+        queue = self.waiting[Kind.TTS, choice.priority]
+        taken: list[Request] = []
+        longest = 0
+        while len(taken) < self.config.tts_max_batch and (request := queue.peek()) is not None:
+            cost = self.cost.tts_s(max(longest, request.prompt_tokens) * (len(taken) + 1))
+            if taken and choice.budget_s is not None and cost > choice.budget_s:
+                break
+            self._dispatch(request, now)
+            taken.append(request)
+            longest = max(longest, request.prompt_tokens)
+        if not taken:
+            return None
+        return TtsPlan(
+            request_ids=tuple(r.id for r in taken),
+            priority=choice.priority,
+            phonemes=longest * len(taken),
+            predicted_s=self.cost.tts_s(longest * len(taken)),
         )
 
     def _plan_embed(self, choice: LaneChoice, now: float) -> EmbedPlan | None:
@@ -578,6 +613,8 @@ class FairlaneScheduler(Policy):
             size = self.config.stt_max_batch
             groups = [utterances[i : i + size] for i in range(0, len(utterances), size)]
             return in_flight + sum(self.cost.stt_s(len(g), sum(g)) for g in groups)
+        if request.kind is Kind.TTS:
+            return in_flight + sum(self.cost.tts_s(r.prompt_tokens) for r in [*ahead, request])
         if request.kind is Kind.EMBED:
             tokens = sum(r.prompt_tokens for r in ahead) + request.prompt_tokens
             batches = math.ceil(tokens / self.config.embed_max_batch_tokens)

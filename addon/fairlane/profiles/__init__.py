@@ -8,7 +8,8 @@ from pathlib import Path
 import voluptuous as vol
 import yaml
 
-from fairlane.policy import CostProfile, EmbedCost, LlmCost, SttCost
+from fairlane.policy import CostProfile, EmbedCost, LlmCost, SttCost, TtsCost
+from fairlane.policy.cost import DEFAULT_TTS
 
 _NUMBER = vol.All(vol.Coerce(float), vol.Range(min=0))
 PROFILE_SCHEMA = vol.Schema(
@@ -30,6 +31,10 @@ PROFILE_SCHEMA = vol.Schema(
             vol.Required("base_ms"): _NUMBER,
             vol.Required("utterance_ms"): _NUMBER,
             vol.Optional("audio_s_ms", default=0.0): _NUMBER,
+        },
+        vol.Optional("tts"): {
+            vol.Required("base_ms"): _NUMBER,
+            vol.Required("phoneme_ms"): _NUMBER,
         },
     }
 )
@@ -65,5 +70,6 @@ def load(name_or_path: str) -> tuple[CostProfile, str]:
         llm=LlmCost(**data["llm"]),
         embed=EmbedCost(**data["embed"]),
         stt=SttCost(**data["stt"]),
+        tts=TtsCost(**data["tts"]) if "tts" in data else DEFAULT_TTS,
     )
     return profile, data["device"]
