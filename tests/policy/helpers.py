@@ -107,3 +107,8 @@ def drain(policy: Policy, now: float = 0.0, limit: int = 10_000) -> tuple[list[R
 
 
 __all__ = ["BACKGROUND", "CHAT", "VOICE", "Kind"]
+
+
+def tts(rid: str, priority: Priority = VOICE, client: str = "a", arrival: float = 0.0,
+        phonemes: int = 80) -> Request:
+    return Request(rid, Kind.TTS, priority, client, arrival, prompt_tokens=phonemes)
