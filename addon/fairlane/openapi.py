@@ -148,6 +148,45 @@ OPENAPI: dict[str, Any] = {
                 "responses": {"200": {"description": "Cancelled"}, **_errors(401, 404)},
             }
         },
+        "/v1/audio/speech": {
+            "post": {
+                "summary": "Speak a text (class voice by default); stream_format audio or sse "
+                "sends each sentence as soon as it is synthesised",
+                "parameters": [{"name": "X-Fairlane-Class", "in": "header", "schema": _CLASS}],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "model": {"type": "string"},
+                                    "input": {"type": "string", "maxLength": 4096},
+                                    "voice": {"type": "string"},
+                                    "response_format": {
+                                        "enum": ["mp3", "wav", "pcm", "flac", "opus", "aac"]
+                                    },
+                                    "speed": {"type": "number", "minimum": 0.25, "maximum": 4},
+                                    "stream_format": {"enum": ["audio", "sse"]},
+                                    "fairlane_class": _CLASS,
+                                },
+                                "required": ["input"],
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": {"description": "The audio, or text/event-stream of speech.audio.*"},
+                    **_errors(400, 401, 429),
+                },
+            }
+        },
+        "/v1/audio/voices": {
+            "get": {
+                "summary": "The voices this server speaks with",
+                "responses": {"200": {"description": "Voice list"}, **_errors(401)},
+            }
+        },
         "/v1/stats": {
             "get": {
                 "summary": "Per-class TTFT/ITL/E2E percentiles, queues, KV, device use, steps",

@@ -25,6 +25,7 @@ PLATFORMS = (
     Platform.CONVERSATION,
     Platform.SENSOR,
     Platform.STT,
+    Platform.TTS,
 )
 CONFIG_SCHEMA = cv.config_entry_only_config_schema(DOMAIN)
 

@@ -42,6 +42,7 @@ class ServerInfo:
     llm_model: str
     stt_model: str | None
     wyoming_port: int | None
+    tts_voice: str | None = None
 
     @classmethod
     def from_health(cls, body: Mapping[str, Any]) -> ServerInfo:
@@ -52,6 +53,7 @@ class ServerInfo:
             llm_model=str(models.get("llm") or ""),
             stt_model=models.get("stt"),
             wyoming_port=body.get("wyoming_port"),
+            tts_voice=models.get("tts"),
         )
 
 
@@ -135,6 +137,29 @@ class FairlaneClient:
         return str(body["text"])
 
     # --- documents and summaries ----------------------------------------------------------
+
+    async def speak(
+        self, text: str, *, voice: str | None = None, fairlane_class: str = "voice"
+    ) -> bytes:
+        """The text spoken by the server's voice, as a WAV file."""
+        body: dict[str, Any] = {
+            "input": text,
+            "response_format": "wav",
+            "fairlane_class": fairlane_class,
+        }
+        if voice:
+            body["voice"] = voice
+        try:
+            async with self._session.post(
+                self.base / "v1/audio/speech",
+                json=body,
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=MODEL_TIMEOUT),
+            ) as response:
+                await _raise_for_status(response)
+                return await response.read()
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise FairlaneConnectionError(f"speech failed: {err}") from err
 
     async def add_document(
         self, data: bytes, filename: str, content_type: str, source: str | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
@@ -105,8 +106,8 @@ class FairlaneLLMEntity(Entity):
         max_history = int(options.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
 
         for round_ in range(MAX_TOOL_ITERATIONS):
-            messages = _trim_history(
-                [_message(content) for content in chat_log.content], max_history
+            messages = stable_first(
+                _trim_history([_message(content) for content in chat_log.content], max_history)
             )
             request = {**body, "messages": messages}
             # The last round offers no tools, so the turn ends in words, not a tool result.
@@ -166,6 +167,31 @@ def _message(content: conversation.Content) -> dict[str, Any]:
             ]
         return message
     return {"role": content.role, "content": content.content}
+
+
+# Home Assistant's system prompt carries the time to the second (llm.DATE_TIME_PROMPT).
+_MOMENT = re.compile(r"Current time is [^\n]*?\.\s*Today's date is [^\n]*?\.[ \t]*\n?")
+
+
+def stable_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What changes every turn goes last, so the server's prefix cache matches the rest.
+
+    The server's cache reuses the longest prompt prefix it has seen. Home Assistant's system
+    prompt holds the time to the second, before the exposed entities' or the tools' text (the
+    chat template writes the tools after the system prompt), so two turns seconds apart would
+    share almost nothing. The time and date move to the end of the newest user message.
+    """
+    if not messages or messages[0]["role"] != "system":
+        return messages
+    system = str(messages[0].get("content") or "")
+    moment = _MOMENT.search(system)
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    if moment is None or not users:
+        return messages
+    out = [dict(m) for m in messages]
+    out[0]["content"] = (system[: moment.start()] + system[moment.end() :]).strip()
+    out[users[-1]]["content"] = f"{out[users[-1]]['content']}\n\n({moment.group(0).strip()})"
+    return out
 
 
 def _trim_history(messages: list[dict[str, Any]], max_turns: int) -> list[dict[str, Any]]:

@@ -21,8 +21,8 @@ from fairlane.synthesis import SentenceBuffer, sentences_of
 
 @pytest.mark.parametrize(
     ("n", "words"),
-    [(0, "zero"), (21, "twenty one"), (100, "one hundred"), (1905, "one thousand nine hundred five"),
-     (2_000_000, "two million")],
+    [(0, "zero"), (21, "twenty one"), (100, "one hundred"),
+     (1905, "one thousand nine hundred five"), (2_000_000, "two million")],
 )
 def test_number_words(n, words) -> None:
     assert number_words(n) == words
@@ -37,7 +37,8 @@ def test_normalize_speaks_numbers_times_and_symbols() -> None:
 
 
 def test_sentences_are_split_and_long_ones_cut_at_a_comma() -> None:
-    assert split_sentences("Lights on. Door locked!\nDone") == ["Lights on.", "Door locked!", "Done"]
+    text = "Lights on. Door locked!\nDone"
+    assert split_sentences(text) == ["Lights on.", "Door locked!", "Done"]
     long = "word, " * 100
     pieces = split_sentences(long, max_chars=60)
     assert all(len(p) <= 60 for p in pieces) and len(pieces) > 5
@@ -77,5 +78,5 @@ def test_the_packaged_voice_verifies_and_speaks() -> None:
 
 def test_a_voice_file_that_is_not_a_voice_is_refused(tmp_path) -> None:
     (tmp_path / "x.onnx").write_bytes(b"nope")
-    with pytest.raises(models.ModelError, match="onnx.json"):
+    with pytest.raises(models.ModelError, match=r"onnx\.json"):
         models.resolve_voice(str(tmp_path / "x.onnx"))

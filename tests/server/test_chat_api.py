@@ -107,7 +107,7 @@ def test_tool_call_comes_back_in_openai_shape(server: BackgroundServer) -> None:
 def test_models_health_stats_metrics_and_openapi(server: BackgroundServer) -> None:
     models = client(server).models.list()
     assert [m.id for m in models.data] == [
-        "qwen2.5-coder-0.5b-instruct", "whisper-base", "all-minilm-l6-v2"
+        "qwen2.5-coder-0.5b-instruct", "whisper-base", "all-minilm-l6-v2", "en_US-joe-medium"
     ]
     assert http(server, "GET", "/health", token=None) == (200, http(server, "GET", "/health")[1])
     client(server).chat.completions.create(model="x", messages=QUESTION, max_tokens=3)

@@ -34,7 +34,9 @@ def test_serve_starts_on_the_default_model_with_a_token_from_the_environment(tmp
     with ServerProcess(argv, port, env=env) as server:
         status, health = _get(f"{server.url}/health")
         assert status == 200 and health["policy"] == "fcfs"
-        assert health["models"] == {"llm": "qwen2.5-coder-0.5b-instruct", "stt": "whisper-base"}
+        assert health["models"] == {
+            "llm": "qwen2.5-coder-0.5b-instruct", "stt": "whisper-base", "tts": "en_US-joe-medium"
+        }
         assert health["wyoming_port"] > 0
         assert _get(f"{server.url}/v1/models")[0] == 401
         assert _get(f"{server.url}/v1/models", token="from-env")[0] == 200

@@ -137,6 +137,16 @@ class _Turn:
     queue: asyncio.Queue[TokenEvent]
     prompt_tokens: int
     first: TokenEvent | None = None  # read before the response starts, so it can still fail
+    cached_tokens: int = 0  # leading prompt tokens found in the prefix cache
+
+    def usage(self, completion: int) -> dict[str, Any]:
+        """OpenAI's usage object, with the prefix cache's share of the prompt."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -205,6 +215,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if not admission.accepted:
         svc.telemetry.refuse(priority)
         raise refused(admission)
+    turn.cached_tokens = policy_request.cached_tokens
     record = svc.telemetry.begin(Kind.LLM, priority, client, len(prompt), policy_request.arrival)
     try:
         # The first token before the response starts: a turn that fails or expires while it
@@ -276,11 +287,7 @@ async def _complete(svc: Services, turn: _Turn, record: Any, tools: list[Any]) -
             "created": int(time.time()),
             "model": svc.model_name,
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {
-                "prompt_tokens": turn.prompt_tokens,
-                "completion_tokens": completion,
-                "total_tokens": turn.prompt_tokens + completion,
-            },
+            "usage": turn.usage(completion),
         }
     )
 
@@ -341,11 +348,7 @@ async def _stream(
     await send(chunk({}, "stop" if finish == "cancelled" else finish))
     if include_usage:
         completion = len(record.token_times)
-        usage = {
-            "prompt_tokens": turn.prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": turn.prompt_tokens + completion,
-        }
+        usage = turn.usage(completion)
         await send(
             {
                 "id": turn.id,

@@ -34,6 +34,7 @@ from fairlane.policy import SeqOutput, StepResult, TtsPlan
 
 MAX_SENTENCE_CHARS = 240  # a longer sentence is cut at a comma or a space: one step stays short
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for /v1/audio/speech input
+SENTENCE_PAUSE_S = 0.2  # silence after each sentence: without it, sentences run together
 
 
 class TextError(ValueError):
@@ -399,7 +400,9 @@ class PiperVoice:
             "input_lengths": np.array([speech.phonemes], dtype=np.int64),
             "scales": np.array([noise, length / speech.speed, noise_w], dtype=np.float32),
         }
-        return np.asarray(self.session.run(None, inputs)[0], dtype=np.float32).reshape(-1)
+        audio = np.asarray(self.session.run(None, inputs)[0], dtype=np.float32).reshape(-1)
+        pause = np.zeros(int(SENTENCE_PAUSE_S * self.sample_rate / speech.speed), np.float32)
+        return np.concatenate([audio, pause])
 
     def execute(
         self, plan: TtsPlan, clock: Callable[[], float] = time.perf_counter

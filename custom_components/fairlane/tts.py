@@ -1,0 +1,154 @@
+"""Text-to-speech: the agent's reply spoken by the server's voice, in the voice lane.
+
+Home Assistant's pipeline streams the agent's text into `async_stream_tts_audio` as the LLM
+writes it. Each sentence is sent to the server as soon as it is complete (at most two at a
+time), and its audio is streamed on as soon as it comes back: the first sentence is heard
+while the agent is still writing the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import re
+import wave
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from homeassistant.components import tts
+from homeassistant.core import HomeAssistant
+from homeassistant.exceptions import HomeAssistantError
+from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
+
+from . import FairlaneConfigEntry
+from .client import FairlaneError
+from .entity import device_info
+
+_LOGGER = logging.getLogger(__name__)
+PARALLEL_UPDATES = 0
+# A sentence ends at . ! ? ; : followed by white space, or at a line break.
+SENTENCE_END = re.compile(r"[.!?;:][\"')\]]*\s|\n")
+IN_FLIGHT = 2  # sentences requested ahead of the one being played
+
+
+async def async_setup_entry(
+    hass: HomeAssistant,
+    entry: FairlaneConfigEntry,
+    async_add_entities: AddConfigEntryEntitiesCallback,
+) -> None:
+    if entry.runtime_data.info.tts_voice:
+        async_add_entities([FairlaneTextToSpeech(entry)])
+
+
+def sentences(text: str) -> tuple[list[str], str]:
+    """The complete sentences at the start of `text`, and the rest."""
+    done: list[str] = []
+    start = 0
+    for match in SENTENCE_END.finditer(text):
+        if sentence := text[start : match.end()].strip():
+            done.append(sentence)
+        start = match.end()
+    return done, text[start:]
+
+
+def pcm_of(wav_bytes: bytes) -> tuple[bytes, int]:
+    with wave.open(io.BytesIO(wav_bytes)) as wav:
+        return wav.readframes(wav.getnframes()), wav.getframerate()
+
+
+def streaming_header(rate: int) -> bytes:
+    """A WAV header with no frame count: the stream's length is not known yet."""
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+    return buffer.getvalue()
+
+
+class FairlaneTextToSpeech(tts.TextToSpeechEntity):
+    """The server's Piper voice; text streamed in, audio streamed out, sentence by sentence."""
+
+    _attr_has_entity_name = True
+    _attr_translation_key = "tts"
+
+    def __init__(self, entry: FairlaneConfigEntry) -> None:
+        self.entry = entry
+        self._attr_unique_id = f"{entry.entry_id}_tts"
+        self._attr_device_info = device_info(entry)
+        voice = entry.runtime_data.info.tts_voice or ""
+        self._voice = voice
+        # "en_US-joe-medium" → "en-US", Home Assistant's spelling of the language.
+        language = voice.split("-")[0].replace("_", "-") or "en-US"
+        self._attr_supported_languages = [language]
+        self._attr_default_language = language
+        self._attr_supported_options = [tts.ATTR_VOICE]
+
+    def async_get_supported_voices(self, language: str) -> list[tts.Voice] | None:
+        if language not in self._attr_supported_languages:
+            return None
+        return [tts.Voice(voice_id=self._voice, name=self._voice)]
+
+    async def async_get_tts_audio(
+        self, message: str, language: str, options: dict[str, Any]
+    ) -> tts.TtsAudioType:
+        try:
+            audio = await self.entry.runtime_data.client.speak(
+                message, voice=options.get(tts.ATTR_VOICE), fairlane_class="voice"
+            )
+        except FairlaneError as err:
+            raise HomeAssistantError(f"Fairlane could not speak the text: {err}") from err
+        return "wav", audio
+
+    async def async_stream_tts_audio(self, request: tts.TTSAudioRequest) -> tts.TTSAudioResponse:
+        voice = request.options.get(tts.ATTR_VOICE)
+        client = self.entry.runtime_data.client
+        order: asyncio.Queue[asyncio.Task[bytes] | BaseException | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(IN_FLIGHT)
+
+        async def request_sentence(text: str) -> bytes:
+            return await client.speak(text, voice=voice, fairlane_class="voice")
+
+        async def produce() -> None:
+            try:
+                rest = ""
+                async for chunk in request.message_gen:
+                    done, rest = sentences(rest + chunk)
+                    for sentence in done:
+                        await slots.acquire()
+                        order.put_nowait(asyncio.create_task(request_sentence(sentence)))
+                if rest.strip():
+                    await slots.acquire()
+                    order.put_nowait(asyncio.create_task(request_sentence(rest.strip())))
+                order.put_nowait(None)
+            except Exception as err:  # the consumer raises it in order
+                order.put_nowait(err)
+
+        producer = self.entry.async_create_background_task(
+            self.hass, produce(), "fairlane tts text"
+        )
+
+        async def data_gen() -> AsyncGenerator[bytes]:
+            header_sent = False
+            try:
+                while (item := await order.get()) is not None:
+                    if isinstance(item, BaseException):
+                        raise item
+                    try:
+                        pcm, rate = pcm_of(await item)
+                    except FairlaneError as err:
+                        raise HomeAssistantError(f"Fairlane could not speak: {err}") from err
+                    finally:
+                        slots.release()
+                    if not header_sent:
+                        yield streaming_header(rate)
+                        header_sent = True
+                    yield pcm
+            finally:
+                producer.cancel()
+                while not order.empty():
+                    if isinstance(item := order.get_nowait(), asyncio.Task):
+                        item.cancel()
+
+        return tts.TTSAudioResponse("wav", data_gen())

@@ -1,0 +1,199 @@
+"""What a person hears: a spoken turn through Home Assistant's assist pipeline, end to end
+(a benchmark, not a test).
+
+    .venv-ha/bin/pytest -c tests_ha/pytest.ini tests_ha/bench_spoken_turn.py -s
+
+A committed recording is streamed in real time (32 ms chunks, as a satellite sends them) into
+HA's pipeline: Fairlane's speech-to-text → Fairlane's agent with Assist's tools → Fairlane's
+text-to-speech, streamed (HA hands the agent's text to the TTS entity as it is written). The
+pipeline's own TTS stream is read as a satellite reads it. Per turn it records, from the end
+of speech (the last audio chunk the pipeline took):
+
+- the transcript (HA's `stt-end` event),
+- the first audio (the first PCM bytes after the WAV header of the TTS stream),
+- the whole turn (the last audio byte).
+
+Two turns: a command ("turn on the kitchen lights": a tool call, then a short reply) and a
+question ("what is the weather tomorrow": an answer in words). Each runs with the device idle
+and with background load (two long summaries in flight as a closed loop, and documents being
+indexed), rounds alternating idle, loaded, idle, loaded. Every round is printed, then
+p50 / max per condition and the loaded/idle ratio of the p50s.
+Not collected by `make test` (the name does not start with `test_`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import time
+import uuid
+import wave
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import aiohttp
+from homeassistant.components import assist_pipeline, tts
+from homeassistant.components.assist_pipeline.const import DOMAIN as PIPELINE
+from homeassistant.components.assist_pipeline.pipeline import KEY_ASSIST_PIPELINE
+from homeassistant.core import Context, HomeAssistant
+from homeassistant.setup import async_setup_component
+from pytest_homeassistant_custom_component.common import MockConfigEntry
+
+from tests_ha.conftest import SPEECH, add_kitchen_light, voice_metadata
+
+ROUNDS = 3
+TURNS = {"command": "command-00.wav", "question": "command-03.wav"}
+CHUNK = 1024  # 32 ms of 16 kHz 16-bit audio
+NOTE = "The boiler was serviced in March and the filter replaced; the invoice is in the drawer. "
+
+
+async def _run_turn(hass: HomeAssistant, pipeline_id: str, recording: str) -> dict[str, float]:
+    with wave.open(str(SPEECH / recording)) as wav:
+        audio = wav.readframes(wav.getnframes())
+    marks: dict[str, float] = {}
+    reader: list[asyncio.Task[None]] = []
+
+    async def spoken() -> AsyncGenerator[bytes]:
+        for offset in range(0, len(audio), CHUNK):
+            await asyncio.sleep(CHUNK / 32_000)  # real time
+            marks["end_of_speech"] = time.perf_counter()
+            yield audio[offset : offset + CHUNK]
+
+    async def read_tts(token: str) -> None:
+        stream = tts.async_get_stream(hass, token)
+        assert stream is not None
+        received = 0
+        async for chunk in stream.async_stream_result():
+            received += len(chunk)
+            if received > 44 and "first_audio" not in marks:
+                marks["first_audio"] = time.perf_counter()
+        marks["last_audio"] = time.perf_counter()
+
+    def on_event(event: assist_pipeline.PipelineEvent) -> None:
+        if event.type is assist_pipeline.PipelineEventType.RUN_START and event.data:
+            token = (event.data.get("tts_output") or {}).get("token")
+            if token:  # streamed TTS: the satellite starts reading now
+                reader.append(hass.async_create_task(read_tts(token)))
+        elif event.type is assist_pipeline.PipelineEventType.STT_END:
+            marks["transcript"] = time.perf_counter()
+        elif event.type is assist_pipeline.PipelineEventType.TTS_END and not reader:
+            token = event.data["tts_output"]["token"]
+            reader.append(hass.async_create_task(read_tts(token)))
+        elif event.type is assist_pipeline.PipelineEventType.ERROR:
+            marks["error"] = 1.0
+
+    await assist_pipeline.async_pipeline_from_audio_stream(
+        hass,
+        context=Context(),
+        event_callback=on_event,
+        stt_metadata=voice_metadata(),
+        stt_stream=spoken(),
+        pipeline_id=pipeline_id,
+        conversation_id=uuid.uuid4().hex,
+        device_id="kitchen-satellite",
+        end_stage=assist_pipeline.PipelineStage.TTS,
+    )
+    await asyncio.gather(*reader)
+    end = marks["end_of_speech"]
+    return {
+        "transcript": marks["transcript"] - end,
+        "first_audio": marks["first_audio"] - end,
+        "turn": marks["last_audio"] - end,
+        "error": marks.get("error", 0.0),
+    }
+
+
+class BackgroundLoad:
+    """Two long summaries in flight (a closed loop) and documents indexed, as `background`."""
+
+    def __init__(self, base: str, token: str) -> None:
+        self.base, self.headers = base, {"Authorization": f"Bearer {token}"}
+        self.tasks: list[asyncio.Task[None]] = []
+        self.done = {"summaries": 0, "documents": 0}
+
+    async def _summaries(self, session: aiohttp.ClientSession) -> None:
+        while True:
+            prompt = f"{uuid.uuid4().hex} Summarise these household notes:\n" + NOTE * 40
+            body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 64,
+                    "fairlane_class": "background", "user": "summaries"}
+            async with session.post(f"{self.base}/v1/chat/completions", json=body,
+                                    headers=self.headers) as response:
+                await response.read()
+            self.done["summaries"] += 1
+
+    async def _documents(self, session: aiohttp.ClientSession) -> None:
+        while True:
+            texts = [f"{uuid.uuid4().hex} {NOTE * 3}" for _ in range(64)]
+            body = {"input": texts, "model": "x", "fairlane_class": "background",
+                    "user": "documents"}
+            async with session.post(f"{self.base}/v1/embeddings", json=body,
+                                    headers=self.headers) as response:
+                await response.read()
+            self.done["documents"] += len(texts)
+
+    async def __aenter__(self) -> BackgroundLoad:
+        self.session = aiohttp.ClientSession()
+        self.tasks = [asyncio.create_task(self._summaries(self.session)) for _ in range(2)]
+        self.tasks.append(asyncio.create_task(self._documents(self.session)))
+        await asyncio.sleep(5)  # the summaries' prompts are being prefilled
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.session.close()
+
+
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False).stdout.strip()
+
+
+async def test_bench_spoken_turns(hass: HomeAssistant, entry: MockConfigEntry,
+                                  fairlane_server: Any) -> None:
+    await add_kitchen_light(hass, "Kitchen lights")
+    assert await async_setup_component(hass, PIPELINE, {})
+    store = hass.data[KEY_ASSIST_PIPELINE].pipeline_store
+    pipeline = await store.async_create_item({
+        "name": "Fairlane", "language": "en", "conversation_engine": "conversation.fairlane",
+        "conversation_language": "en", "stt_engine": "stt.fairlane_speech_to_text",
+        "stt_language": "en", "tts_engine": "tts.fairlane_text_to_speech",
+        "tts_language": "en-US", "tts_voice": None, "wake_word_entity": None,
+        "wake_word_id": None, "prefer_local_intents": False,
+    })
+    base = f"http://{fairlane_server.host}:{fairlane_server.port}"
+    for recording in TURNS.values():  # equal warm-up: each turn once, idle
+        await _run_turn(hass, pipeline.id, recording)
+    results: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for round_ in range(ROUNDS):
+        for condition in ("idle", "loaded"):
+            for label, recording in TURNS.items():
+                if condition == "idle":
+                    row = await _run_turn(hass, pipeline.id, recording)
+                else:
+                    async with BackgroundLoad(base, fairlane_server.token):
+                        row = await _run_turn(hass, pipeline.id, recording)
+                results.setdefault((label, condition), []).append(row)
+                print(f"round {round_ + 1} {label:8} {condition:6} "
+                      + " ".join(f"{k} {v:.2f} s" for k, v in row.items() if k != "error")
+                      + (" ERROR" if row["error"] else ""), flush=True)
+    print(f"\ncommit {_commit()}; {ROUNDS} rounds; seconds from the end of speech")
+    print(f"{'turn':9} {'condition':9} {'transcript p50/max':>19} {'first audio p50/max':>20} "
+          f"{'whole turn p50/max':>19}")
+    summary: dict[str, Any] = {}
+    for (label, condition), rows in results.items():
+        cells = []
+        for key in ("transcript", "first_audio", "turn"):
+            values = [r[key] for r in rows]
+            cells.append(f"{statistics.median(values):8.2f} / {max(values):5.2f}")
+            summary.setdefault(label, {}).setdefault(condition, {})[key] = statistics.median(
+                values)
+        print(f"{label:9} {condition:9} {cells[0]:>19} {cells[1]:>20} {cells[2]:>19}")
+    for label, conditions in summary.items():
+        ratio = conditions["loaded"]["first_audio"] / conditions["idle"]["first_audio"]
+        print(f"{label}: first audio loaded/idle = {ratio:.2f} (goal ≤ 1.3)")
+    print(json.dumps(summary))
+    assert not any(r["error"] for rows in results.values() for r in rows)
