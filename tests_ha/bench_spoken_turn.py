@@ -93,6 +93,9 @@ async def _run_turn(hass: HomeAssistant, pipeline_id: str, recording: str) -> di
         pipeline_id=pipeline_id,
         conversation_id=uuid.uuid4().hex,
         device_id="kitchen-satellite",
+        # WAV as the voice makes it: no ffmpeg conversion (a satellite may ask for another
+        # format; Home Assistant then converts with its ffmpeg).
+        tts_audio_output={tts.ATTR_PREFERRED_FORMAT: "wav"},
         end_stage=assist_pipeline.PipelineStage.TTS,
     )
     await asyncio.gather(*reader)

@@ -11,6 +11,7 @@ from typing import Any
 from homeassistant.components import assist_pipeline, tts
 from homeassistant.components.assist_pipeline.const import DOMAIN as PIPELINE
 from homeassistant.components.assist_pipeline.pipeline import KEY_ASSIST_PIPELINE
+from homeassistant.components.tts.entity import TTSAudioRequest
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import entity_registry as er
 from homeassistant.setup import async_setup_component
@@ -26,7 +27,7 @@ REPLY = "The kitchen lights are on. The front door is locked."
 
 def test_streamed_text_is_cut_into_complete_sentences() -> None:
     assert sentences("Hi there. It is 3.5 degrees! And") == (
-        ["Hi there.", "It is 3.5 degrees!"], " And"
+        ["Hi there.", "It is 3.5 degrees!"], "And"
     )
     assert sentences("no end yet") == ([], "no end yet")
 
@@ -67,7 +68,7 @@ async def test_the_tts_entity_streams_the_reply_sentence_by_sentence(
     before = (await entry.runtime_data.client.stats())["classes"]["voice"]["tts"]["requests"]
 
     response = await entity.async_stream_tts_audio(
-        tts.TTSAudioRequest(language="en-US", options={}, message_gen=_text(REPLY))
+        TTSAudioRequest(language="en-US", options={}, message_gen=_text(REPLY))
     )
     pieces = [piece async for piece in response.data_gen]
     assert response.extension == "wav" and pieces[0].startswith(b"RIFF")
@@ -110,6 +111,9 @@ async def test_home_assistants_pipeline_speaks_the_reply_through_fairlane(
         stt_stream=spoken(),
         pipeline_id=pipeline.id,
         device_id="kitchen-satellite",
+        # WAV as the voice makes it: no ffmpeg conversion (a satellite may ask for another
+        # format; Home Assistant then converts with its ffmpeg).
+        tts_audio_output={tts.ATTR_PREFERRED_FORMAT: "wav"},
         end_stage=assist_pipeline.PipelineStage.TTS,
     )
     kinds = [e.type for e in events]
@@ -141,7 +145,7 @@ async def test_home_assistants_wyoming_integration_speaks_with_fairlane(
     assert entity.async_supports_streaming_input()
 
     response = await entity.async_stream_tts_audio(
-        tts.TTSAudioRequest(language="en_US", options={}, message_gen=_text(REPLY))
+        TTSAudioRequest(language="en_US", options={}, message_gen=_text(REPLY))
     )
     streamed = b"".join([piece async for piece in response.data_gen])
     assert streamed.startswith(b"RIFF") and len(streamed) > 2 * 22050

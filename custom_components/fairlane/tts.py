@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from homeassistant.components import tts
+from homeassistant.components.tts.entity import TTSAudioRequest, TTSAudioResponse
 from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
@@ -101,7 +102,7 @@ class FairlaneTextToSpeech(tts.TextToSpeechEntity):
             raise HomeAssistantError(f"Fairlane could not speak the text: {err}") from err
         return "wav", audio
 
-    async def async_stream_tts_audio(self, request: tts.TTSAudioRequest) -> tts.TTSAudioResponse:
+    async def async_stream_tts_audio(self, request: TTSAudioRequest) -> TTSAudioResponse:
         voice = request.options.get(tts.ATTR_VOICE)
         client = self.entry.runtime_data.client
         order: asyncio.Queue[asyncio.Task[bytes] | BaseException | None] = asyncio.Queue()
@@ -151,4 +152,4 @@ class FairlaneTextToSpeech(tts.TextToSpeechEntity):
                     if isinstance(item := order.get_nowait(), asyncio.Task):
                         item.cancel()
 
-        return tts.TTSAudioResponse("wav", data_gen())
+        return TTSAudioResponse("wav", data_gen())
