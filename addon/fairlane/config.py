@@ -53,6 +53,7 @@ POLICY_SCHEMA = vol.Schema(
         vol.Optional("max_num_seqs"): _count(1),
         vol.Optional("min_prefill_chunk"): _count(1),
         vol.Optional("itl_headroom"): vol.All(vol.Coerce(float), vol.Range(min=0.1, max=1.0)),
+        vol.Optional("voice_pace"): vol.All(vol.Coerce(float), vol.Range(min=1.0)),
         vol.Optional("kv_blocks"): _count(1),
         vol.Optional("block_size"): _count(1),
         vol.Optional("kv_watermark"): vol.All(vol.Coerce(float), vol.Range(min=0.0, max=0.9)),
@@ -67,6 +68,7 @@ POLICY_SCHEMA = vol.Schema(
             vol.Coerce(float), vol.Range(min=0.0, max=1.0)
         ),
         vol.Optional("background_max_wait_s"): _positive(),
+        vol.Optional("turn_gap_s"): vol.All(vol.Coerce(float), vol.Range(min=0.0)),
         vol.Optional("share_window_s"): _positive(0.1),
         vol.Optional("queue_limit"): _per_class(_count(1)),
         vol.Optional("deadline_ms"): _per_class(vol.Any(None, _positive(1))),
@@ -160,6 +162,8 @@ WYOMING_SCHEMA = vol.Schema(
         vol.Optional("enabled", default=True): bool,
         vol.Optional("host", default=None): vol.Any(str, None),  # None: server.host
         vol.Optional("port", default=10300): vol.All(vol.Coerce(int), vol.Range(min=0, max=65535)),
+        # Transcribe at the speaker's first pause, before the client ends the utterance.
+        vol.Optional("early_transcript", default=True): bool,
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -244,6 +248,7 @@ class WyomingConfig:
     enabled: bool = True
     host: str | None = None
     port: int = 10300
+    early_transcript: bool = True
 
 
 @dataclass(frozen=True)

@@ -341,7 +341,10 @@ async def _start_wyoming(app: web.Application) -> None:
     if (svc.speech is None and svc.voice is None) or not svc.config.wyoming.enabled:
         return
     host = svc.config.wyoming.host or svc.config.server.host
-    services = wyoming_server.WyomingServices(svc.speech, svc.voice)
+    services = wyoming_server.WyomingServices(
+        svc.speech, svc.voice, early=svc.config.wyoming.early_transcript
+    )
+    svc.wyoming = services
     server = await wyoming_server.start(services, host, svc.config.wyoming.port)
     svc.wyoming_port = wyoming_server.bound_port(server)
     app[WYOMING] = server

@@ -15,6 +15,13 @@ Home Assistant's built-in Wyoming integration talks to it unchanged. The convers
     ← audio-start, audio-chunk… (each sentence as soon as it is spoken), audio-stop,
       synthesize-stopped
 
+Recognition is streamed: at the speaker's first pause (0.3 s of quiet after speech) the audio so
+far is transcribed as one voice step, while the client is still sending the trailing silence its
+own VAD needs to end the utterance; at audio-stop that transcript is used if Silero VAD hears no
+speech after it, so the transcript is ready about when the speaker is judged to have stopped.
+(Whisper encodes a whole window at once, so there is no partial encoder state to keep: the
+pause is where the work can start early.)
+
 Utterances and sentences go through the same device loop as HTTP requests, as `voice` work.
 Wyoming has no authentication: bind it to a trusted interface only.
 """
@@ -45,7 +52,13 @@ from wyoming.tts import (
 
 from fairlane import __version__
 from fairlane.device import DeviceLoop
-from fairlane.engines.stt import SAMPLE_RATE, AudioError, Utterance, WhisperEngine
+from fairlane.engines.stt import (
+    SAMPLE_RATE,
+    AudioError,
+    TranscriptEvent,
+    Utterance,
+    WhisperEngine,
+)
 from fairlane.engines.tts import TextError
 from fairlane.policy import Priority
 from fairlane.speech import Cancelled, Expired, Refused, transcribe
@@ -63,10 +76,12 @@ class SpeechService:
     model_name: str
 
 
-@dataclass(frozen=True)
+@dataclass
 class WyomingServices:
     speech: SpeechService | None
     voice: VoiceService | None
+    # Transcribe at the speaker's first pause, before the client ends the utterance (below).
+    early: bool = True
 
 
 SAMPLES_PER_CHUNK = 1024  # audio-chunk size, as Wyoming's own servers send
@@ -137,6 +152,8 @@ class WyomingHandler(AsyncEventHandler):
         self.language: str | None = None
         self.text: asyncio.Queue[str | None] | None = None  # a streamed synthesis's text
         self.speaking: asyncio.Task[None] | None = None
+        self.pause = PauseDetector()
+        self.early: EarlyTranscript | None = None
 
     async def handle_event(self, event: Event) -> bool:
         if Describe.is_type(event.type):
@@ -149,14 +166,41 @@ class WyomingHandler(AsyncEventHandler):
             return True
         if AudioStart.is_type(event.type):
             self.audio.clear()
+            self.pause = PauseDetector()
             return True
         if AudioChunk.is_type(event.type):
-            self.audio += self.converter.convert(AudioChunk.from_event(event)).audio
+            chunk = self.converter.convert(AudioChunk.from_event(event)).audio
+            self.audio += chunk
+            self._listen(chunk)
             return True
         if AudioStop.is_type(event.type):
             await self._transcribe()
             return False  # one utterance per connection, as Home Assistant uses it
         return True
+
+    def _listen(self, chunk: bytes) -> None:
+        """Streaming recognition: at the speaker's first pause, transcribe what has come so far
+        (one voice step, as any utterance); when speech resumes, that guess is dropped."""
+        paused = self.pause.feed(chunk)
+        if self.early is not None and self.pause.speaking:
+            self.early.task.cancel()  # they went on talking: the guess is stale
+            self.early = None
+        service = self.services.speech
+        if paused and self.early is None and self.services.early and service is not None:
+            samples = len(self.audio) // 2
+            utterance = Utterance(_float(bytes(self.audio)), self.language)
+            task = asyncio.create_task(
+                transcribe(
+                    service.device,
+                    service.engine,
+                    service.telemetry,
+                    utterance,
+                    Priority.VOICE,
+                    client="wyoming",
+                )
+            )
+            task.add_done_callback(_consume)
+            self.early = EarlyTranscript(task, samples)
 
     async def _synthesis_event(self, event: Event, voice: VoiceService) -> bool:
         if SynthesizeStart.is_type(event.type):
@@ -218,23 +262,31 @@ class WyomingHandler(AsyncEventHandler):
         await self.write_event(AudioStop().event())
 
     async def _transcribe(self) -> None:
-        samples = np.frombuffer(bytes(self.audio), dtype="<i2").astype(np.float32) / 32768.0
-        utterance = Utterance(samples, self.language)
+        utterance = Utterance(_float(bytes(self.audio)), self.language)
         service = self.services.speech
         if service is None:
             await self.write_event(
                 Error(text="speech-to-text is disabled", code="Disabled").event()
             )
             return
+        early, self.early = self.early, None
         try:
-            result = await transcribe(
-                service.device,
-                service.engine,
-                service.telemetry,
-                utterance,
-                Priority.VOICE,
-                client="wyoming",
+            stands = early is not None and not await asyncio.to_thread(
+                _speech_after, utterance.audio, early.samples
             )
+            if early is not None and stands:
+                result = await early.task  # nothing said since the pause: the guess stands
+            else:
+                if early is not None:
+                    early.task.cancel()  # a word came after the pause
+                result = await transcribe(
+                    service.device,
+                    service.engine,
+                    service.telemetry,
+                    utterance,
+                    Priority.VOICE,
+                    client="wyoming",
+                )
         except (AudioError, Refused, Cancelled, Expired) as err:
             await self.write_event(Error(text=str(err), code=type(err).__name__).event())
             return
@@ -242,6 +294,67 @@ class WyomingHandler(AsyncEventHandler):
         await self.write_event(TranscriptChunk(text=result.text).event())
         await self.write_event(TranscriptStop().event())
         await self.write_event(Transcript(text=result.text, language=result.language).event())
+
+
+@dataclass(frozen=True)
+class EarlyTranscript:
+    task: asyncio.Task[TranscriptEvent]
+    samples: int  # the audio it covers
+
+
+@dataclass
+class PauseDetector:
+    """Finds the speaker's first pause in a stream of 16 kHz 16-bit chunks, by loudness: a
+    chunk is speech when its RMS is above a tenth of the loudest chunk so far (and above a
+    floor). It only decides when to transcribe early; whether the early transcript stands is
+    decided at the end with Silero VAD (`_speech_after`)."""
+
+    pause_s: float = 0.3
+    floor: float = 0.01
+    loudest: float = 0.0
+    heard: bool = False
+    speaking: bool = False  # the last chunk was speech
+    quiet_s: float = 0.0
+
+    def feed(self, chunk: bytes) -> bool:
+        """True once, when the trailing quiet first reaches `pause_s` after speech."""
+        samples = _float(chunk)
+        if samples.size == 0:
+            return False
+        rms = float(np.sqrt(np.mean(samples**2)))
+        self.loudest = max(self.loudest, rms)
+        self.speaking = rms > max(self.floor, 0.1 * self.loudest)
+        if self.speaking:
+            self.heard, self.quiet_s = True, 0.0
+            return False
+        before = self.quiet_s
+        self.quiet_s += samples.size / SAMPLE_RATE
+        return self.heard and before < self.pause_s <= self.quiet_s
+
+
+def _float(pcm: bytes) -> np.ndarray:
+    return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def _speech_after(audio: np.ndarray, start: int) -> bool:
+    """Whether Silero VAD hears speech in `audio` after sample `start` (a soft last word the
+    loudness rule missed keeps the early transcript from standing)."""
+    from faster_whisper.vad import VadOptions, get_speech_timestamps
+
+    tail = audio[max(0, start - SAMPLE_RATE // 10) :]
+    if tail.size < SAMPLE_RATE // 10:
+        return False
+    options = VadOptions(min_speech_duration_ms=100)
+    return any(
+        segment["end"] > SAMPLE_RATE // 10
+        for segment in get_speech_timestamps(tail, options, sampling_rate=SAMPLE_RATE)
+    )
+
+
+def _consume(task: asyncio.Task[TranscriptEvent]) -> None:
+    """An early transcript nobody awaited (speech resumed, or the client left)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _is_synthesis(event: Event) -> bool:

@@ -230,3 +230,49 @@ def test_concurrent_utterances_are_transcribed_in_fewer_steps(server) -> None:
     assert sum(len(r.request_ids) for r in steps) == 4
     assert len(steps) < 4
     assert word_error_rate([COMMANDS[n] for n in names], [texts[n] for n in names]) <= 0.25
+
+
+# --- streaming recognition over Wyoming --------------------------------------------------------
+
+SILENCE = bytes(16000 * 2 * 8 // 10)  # 0.8 s: what a client's VAD waits before ending speech
+
+
+async def _wyoming_stream(server, audio: bytes) -> tuple[str, float, float]:
+    """Stream `audio`, wait until the device has started a speech step (at the pause), then
+    end the utterance; returns the transcript, when the audio began and when it ended."""
+    device = server.services.device
+    async with AsyncTcpClient("127.0.0.1", server.services.wyoming_port) as wy:
+        await wy.write_event(Transcribe(language="en").event())
+        await wy.write_event(AudioStart(rate=16000, width=2, channels=1).event())
+        sent = time.monotonic()
+        for offset in range(0, len(audio), 1024):
+            chunk = AudioChunk(rate=16000, width=2, channels=1, audio=audio[offset:offset + 1024])
+            await wy.write_event(chunk.event())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            r.kind is Kind.STT and r.start >= sent for r in list(device.records)
+        ):
+            await asyncio.sleep(0.01)
+        stopped = time.monotonic()
+        await wy.write_event(AudioStop().event())
+        while (event := await wy.read_event()) is not None:
+            if Transcript.is_type(event.type):
+                return Transcript.from_event(event).text, sent, stopped
+    raise AssertionError("no transcript")
+
+
+def test_wyoming_transcribes_at_the_pause_before_the_utterance_ends(server) -> None:
+    device = server.services.device
+    text, sent, stopped = asyncio.run(
+        _wyoming_stream(server, pcm("command-05.wav") + SILENCE)
+    )
+    assert "door" in text.lower()
+    steps = [r for r in device.records if r.kind is Kind.STT and r.start >= sent]
+    assert len(steps) == 1 and steps[0].start < stopped  # one step, begun before the end
+
+
+def test_speech_after_the_pause_is_transcribed_too(server) -> None:
+    """A second command after a pause: the early transcript of the first is dropped."""
+    audio = pcm("command-05.wav") + SILENCE + pcm("command-00.wav") + SILENCE
+    text, _, _ = asyncio.run(_wyoming_stream(server, audio))
+    assert "door" in text.lower() and "kitchen" in text.lower()

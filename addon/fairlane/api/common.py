@@ -151,6 +151,7 @@ class Services:
     speech: SpeechService | None = None
     voice: VoiceService | None = None
     wyoming_port: int | None = None
+    wyoming: Any = None  # the Wyoming server's services (wyoming_server.WyomingServices)
     embedder: EmbeddingEngine | None = None
     embed_name: str = ""
     documents: DocumentStore | None = None

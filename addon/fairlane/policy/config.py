@@ -45,6 +45,10 @@ class PolicyConfig:
     min_prefill_chunk: int = 8
     # Plan iterations to this fraction of the tightest ITL target, for noise in step times.
     itl_headroom: float = 0.8
+    # Rule 4 for voice: a spoken reply is heard once whole sentences are written, so its pace is
+    # its latency. A voice stream's token may come at most this much later than its own decode
+    # alone would take: background fills no slack beyond that (rule 8 still owes it its share).
+    voice_pace: float = 1.3
     # Rule 5: KV cache in blocks, and the fraction kept free when admitting background prompts.
     kv_blocks: int = 2048
     block_size: int = 16
@@ -60,6 +64,10 @@ class PolicyConfig:
     vtc_output_weight: float = 2.0
     # Rule 7: how long a lane may hold a batch open for more arrivals, per class.
     batch_window_ms: dict[Priority, float] = field(default_factory=lambda: _per_class(2, 10, 200))
+    # Rule 14: for this long after an interactive request finishes, its turn's next request is
+    # expected (the agent's call after a transcript, the spoken reply after the text), so
+    # background steps stay within `slice_ms`.
+    turn_gap_s: float = 2.0
     # Rule 8: background owed `background_min_share` of device time once it waited this long.
     background_min_share: float = 0.2
     background_max_wait_s: float = 5.0

@@ -106,6 +106,7 @@ class FairlaneScheduler(Policy):
         }
         # Background device time per lane, decayed: it rotates the background lanes (rule 8).
         self.lane_share: DeviceShare[Kind] = DeviceShare(config.share_window_s)
+        self.last_interactive_end: float | None = None
 
     # --- queues ----------------------------------------------------------------------------
 
@@ -252,24 +253,34 @@ class FairlaneScheduler(Policy):
             len(q) for (_, p), q in self.waiting.items() if p.interactive
         )
         forecast = any(rate.active(now) for (_, p), rate in self.arrivals.items() if p.interactive)
-        if interactive_busy or forecast:
+        if interactive_busy or forecast or self._turn_continues(now):
             return self.config.slice_s
         return self.config.arrival_wait_s
+
+    def _turn_continues(self, now: float) -> bool:
+        """Rule 14: an interactive request just finished, and its turn's next request is due
+        within moments (the agent's model call after a transcript, the next call after a tool
+        result, the spoken reply after the text)."""
+        last = self.last_interactive_end
+        return last is not None and now - last < self.config.turn_gap_s
 
     def _decode_slack(self, now: float) -> float | None:
         """Seconds a background step may take before the next interactive decode is due.
 
-        Only when the interactive LLM work is decodes alone: a waiting or half-prefilled prompt
-        wants the device now (its TTFT is running).
+        Only when the interactive LLM work is chat decodes alone: a waiting or half-prefilled
+        prompt wants the device now (its TTFT is running), and a voice reply's slack
+        (`voice_pace`) is smaller than what the step of another engine reliably takes.
         """
         if any(len(self.waiting[Kind.LLM, p]) for p in INTERACTIVE):
             return None
         due: list[float] = []
         decodes = context = 0
         for request in self.running.values():
+            if request.priority is Priority.VOICE:
+                return None
             if not request.priority.interactive:
                 continue
-            budget = self.config.itl_budget_s(request.priority)
+            budget = self._itl_budget(request)
             if not request.is_decode or request.last_token_at is None or budget is None:
                 return None
             due.append(request.last_token_at + budget)
@@ -278,6 +289,20 @@ class FairlaneScheduler(Policy):
         if not due:
             return None
         return min(due) - now - self.cost.llm_s(0, decodes, context)
+
+    def _itl_budget(self, request: Request) -> float | None:
+        """Rule 4: how long after a stream's last token its next may come.
+
+        The class's ITL target (less headroom); for voice also no more than `voice_pace` times
+        what the stream's own decode step costs alone: text that is read keeps pace with a
+        reader, but text that is spoken waits for whole sentences, so every token's delay
+        delays what the person hears.
+        """
+        budget = self.config.itl_budget_s(request.priority)
+        if request.priority is Priority.VOICE and budget is not None:
+            alone = self.cost.llm_s(0, 1, request.computed_tokens)
+            budget = min(budget, self.config.voice_pace * alone)
+        return budget
 
     def _hold_window(self, choice: LaneChoice, now: float) -> IdlePlan | None:
         """Rule 7: a batching lane waits for more work only when waiting is predicted to pay.
@@ -446,7 +471,7 @@ class FairlaneScheduler(Policy):
         remaining: dict[Priority, float] = {}
         for chunk in batch.chunks:
             request = self.requests[chunk.request_id]
-            budget = self.config.itl_budget_s(chunk.priority)
+            budget = self._itl_budget(request)
             if not chunk.decode or budget is None or request.last_token_at is None:
                 continue
             left = request.last_token_at + budget - now
@@ -645,6 +670,11 @@ class FairlaneScheduler(Policy):
             + self.cost.llm_s(prefill, 0, 0)
             - (self.cost.llm_s(0, 0, 0))
         )
+
+    def _retire(self, request: Request, status: Status, now: float) -> None:
+        super()._retire(request, status, now)
+        if status is Status.FINISHED and request.priority.interactive:
+            self.last_interactive_end = now
 
     def _account(self, plan: StepPlan, seconds: dict[Priority, float], now: float) -> None:
         """Keep each lane's background device time: it rotates the background lanes."""
