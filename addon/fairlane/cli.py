@@ -79,6 +79,10 @@ def _bench(args: argparse.Namespace) -> int:
         result = speech(Path(args.fixtures), threads)
     elif args.what == "family":
         result = _bench_family(args, threads)
+    elif args.what == "voice":
+        from fairlane.bench.voice import voice
+
+        result = voice(Path(args.fixtures), threads, args.rounds)
     elif args.what == "throughput":
         result = llm.throughput(args.streams, threads, args.max_tokens, args.rounds)
     else:
@@ -267,7 +271,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (printed figures)")
     bench.add_argument(
         "what",
-        choices=["scheduler", "engine", "throughput", "interference", "speech", "embed", "family"],
+        choices=[
+            "scheduler",
+            "engine",
+            "throughput",
+            "interference",
+            "speech",
+            "embed",
+            "family",
+            "voice",
+        ],
     )
     bench.add_argument(
         "--sizes", type=int, nargs="+", default=[8, 64, 256], help="scheduler: running sequences"
@@ -283,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=2,
-        help="throughput, interference, family: rounds of each target, alternating",
+        help="throughput, interference, family, voice: rounds of each target, alternating",
     )
     bench.add_argument(
         "--background", type=int, default=2, help="interference: concurrent background streams"
@@ -297,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--fixtures",
         default="tests/fixtures/speech",
-        help="speech, family: folder of WAV commands (speech: with commands.json)",
+        help="speech, family, voice: folder of WAV commands (speech: with commands.json)",
     )
     bench.add_argument("--texts", type=int, default=1024, help="embed: texts in the bulk job")
     bench.add_argument("--backend", default="onnx-int8", help="embed: the server's backend")
