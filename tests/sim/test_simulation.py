@@ -133,3 +133,17 @@ def test_the_policy_learns_a_device_that_differs_from_its_profile() -> None:
         assert learned["classes"][row]["slo_met"] == right["classes"][row]["slo_met"] == 1.0
     assert learned["background"]["backlog_drain_s"] == pytest.approx(
         right["background"]["backlog_drain_s"], rel=0.1)
+
+
+def test_a_spoken_reply_is_synthesised_sentence_by_sentence_and_timed_from_speech() -> None:
+    scn = scenario(default_workload(), "rtx4090", duration_s=120)
+    result = simulate(scn, "fairlane")
+    replies = [r for r in result.records if r.group == "voice" and r.kind.value == "llm"]
+    sentences = [r for r in result.records if r.group == "voice-speech"]
+    expected = sum(max(1, -(-len(r.token_times) // 16)) for r in replies if r.finished_at)
+    assert len(sentences) == expected and all(r.priority.label == "voice" for r in sentences)
+    assert result.first_audio and len(result.first_audio) == len(replies)
+    for speech_end, first_audio in result.first_audio.values():
+        assert first_audio > speech_end
+    report = summarize(result, scn.workload.slo)
+    assert report["spoken"]["within_2s"] == 1.0  # the goal: first audio within 2 s on a GPU

@@ -45,7 +45,7 @@ class TtsCost:
 
 
 # A profile that predates speech synthesis: this machine's measured Piper voice (cpu-2core.yaml).
-DEFAULT_TTS = TtsCost(base_ms=15.0, phoneme_ms=2.2)
+DEFAULT_TTS = TtsCost(base_ms=8.0, phoneme_ms=2.1)
 
 
 @dataclass(frozen=True)

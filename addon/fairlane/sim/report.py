@@ -107,6 +107,25 @@ def summarize(
             **_within(result.records, duration_s),
         },
         "fairness": {"jain_slo_attainment": _fairness(result.records, slo)},
+        **_spoken(result),
+    }
+
+
+FIRST_AUDIO_GOAL_S = 2.0  # a voice satellite gives up when the first audio takes longer
+
+
+def _spoken(result: SimResult) -> dict[str, Any]:
+    """Spoken turns: end of speech → the end of the first sentence's synthesis."""
+    if not result.first_audio:
+        return {}
+    waits = [audio - speech for speech, audio in result.first_audio.values()]
+    within = sum(1 for w in waits if w <= FIRST_AUDIO_GOAL_S)
+    return {
+        "spoken": {
+            "turns": len(waits),
+            "first_audio_ms": _ms(waits),
+            "within_2s": round(within / len(waits), 3),
+        }
     }
 
 
@@ -174,6 +193,14 @@ def format_table(reports: list[dict[str, Any]]) -> str:
             "Jain (SLO attainment across clients) "
             f"{report['fairness']['jain_slo_attainment']}"
         )
+    for report in reports:
+        if spoken := report.get("spoken"):
+            audio = spoken["first_audio_ms"]
+            lines.append(
+                f"{report['policy']}: spoken turns {spoken['turns']}, end of speech → first "
+                f"audio p50 {f(audio['p50'])} / p95 {f(audio['p95'])} / p99 {f(audio['p99'])} "
+                f"ms, within {FIRST_AUDIO_GOAL_S:.0f} s {spoken['within_2s']:.0%}"
+            )
     first = reports[0]
     for other in reports[1:]:
         if other["background"]["backlog_tokens_per_s"]:

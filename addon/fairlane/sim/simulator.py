@@ -47,6 +47,8 @@ class SimResult:
     steps: list[Step]
     end_time: float
     drained: bool
+    # Spoken turns: turn number → (end of speech, end of its first sentence's synthesis).
+    first_audio: dict[int, tuple[float, float]] | None = None
 
 
 class Simulator:
@@ -84,6 +86,9 @@ class Simulator:
         self._cached_prefixes: set[tuple[str, int]] = (
             _shared_prefixes(workload) if warm_prefixes else set()
         )
+        self._spoken_start: dict[int, float] = {}  # a spoken turn's end of speech
+        self._first_audio: dict[int, tuple[float, float]] = {}
+        self._sentences: dict[int, int] = {}  # a reply job (by id) → sentences sent to speak
 
     def run(self, max_time: float | None = None) -> SimResult:
         """Simulate until every job is done (or `max_time`, default 4× the workload's duration)."""
@@ -107,7 +112,9 @@ class Simulator:
                 continue
             now = self._execute(plan, now)
         drained = not self._queue and not self.policy.has_work()
-        return SimResult(self.policy.name, self.records, self.steps, now, drained)
+        return SimResult(
+            self.policy.name, self.records, self.steps, now, drained, self._first_audio
+        )
 
     # --- arrivals --------------------------------------------------------------------------
 
@@ -167,6 +174,8 @@ class Simulator:
             record = RequestRecord(
                 job.kind, job.priority, job.client, job.group, at, prompt_tokens=job.prompt_tokens
             )
+            if job.kind is Kind.STT and job.turn >= 0:
+                self._spoken_start[job.turn] = at
             self.records.append(record)
             if job.prefix_tokens and (job.group, job.prefix_tokens) in self._cached_prefixes:
                 # The engine holds the shared prefix: only the rest of the prompt is prefilled.
@@ -204,23 +213,43 @@ class Simulator:
                 record.token_times.append(end)
                 if job.prefix_tokens:  # prefilled: the engine holds the prefix from now on
                     self._cached_prefixes.add((job.group, job.prefix_tokens))
+                if job.sentence_tokens and len(record.token_times) % job.sentence_tokens == 0:
+                    self._speak(job, end, job.sentence_tokens)
         for request in finished:
             if request.id not in self._live:
                 continue
             job, record = self._live.pop(request.id)
             record.finished_at = end
+            if job.kind is Kind.TTS and job.turn >= 0 and job.turn not in self._first_audio:
+                self._first_audio[job.turn] = (self._spoken_start.get(job.turn, job.at), end)
+            if job.sentence_tokens:  # the last words: a sentence however short
+                rest = len(record.token_times) % job.sentence_tokens
+                if rest or not record.token_times:
+                    self._speak(job, end, max(rest, 1))
             if job.then is not None:
                 self._push(end, job.then)
             self._job_ended(job, end, ran=True)
         return end
 
+    def _speak(self, reply: Job, at: float, tokens: int) -> None:
+        """A sentence of a spoken reply is complete: it is synthesised as one request."""
+        ids = max(1, round(tokens * reply.ids_per_token))
+        sentence = Job(
+            at,
+            f"{reply.group}-speech",
+            Kind.TTS,
+            reply.priority,
+            reply.client,
+            prompt_tokens=ids,
+            turn=reply.turn,
+        )
+        self._push(at, sentence)
+
     def _duration(self, plan: StepPlan) -> float:
         if isinstance(plan, LlmPlan):
             seconds = self.truth.llm_s(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens)
-        elif plan.kind is Kind.EMBED:
-            seconds = self.truth.embed_s(plan.padded_tokens)  # type: ignore[union-attr]
         else:
-            seconds = self.truth.stt_s(len(plan.request_ids), plan.audio_s)  # type: ignore[union-attr]
+            seconds = self.truth.plan_s(plan)
         if self.noise:
             seconds *= max(0.2, self.rng.gauss(1.0, self.noise))
         return seconds

@@ -73,6 +73,12 @@ WORKLOAD_SCHEMA = vol.Schema(
                 vol.Required("audio_s"): _DIST,
                 vol.Optional("audio_dir"): str,
                 vol.Required("llm_turn"): {**_LLM, **_SHARED},
+                # The reply is spoken (by default): a sentence every `sentence_tokens` tokens,
+                # each one speech-synthesis request of `ids_per_token` phoneme ids a token.
+                vol.Optional("speak", default={}): {
+                    vol.Optional("sentence_tokens", default=16): vol.All(int, vol.Range(min=1)),
+                    vol.Optional("ids_per_token", default=8.0): vol.Coerce(float),
+                },
                 vol.Optional("slo"): _SLO,
                 **_PER_CLIENT,
             },
@@ -142,6 +148,11 @@ class Job:
     then: Job | None = None
     prefix_tokens: int = 0  # the first tokens of the prompt, shared with the class's others
     audio_file: str | None = None  # a spoken command's recording (bench family sends it)
+    # A spoken reply: a sentence is complete every `sentence_tokens` tokens (and at the end),
+    # and is then synthesised as one request of `ids_per_token` phoneme ids a token.
+    sentence_tokens: int = 0
+    ids_per_token: float = 0.0
+    turn: int = -1  # a spoken turn's number, shared by its transcription, reply and sentences
 
 
 @dataclass(frozen=True)
@@ -270,6 +281,9 @@ def build(data: dict[str, Any], base: Path | None = None) -> Workload:
                 prompt_tokens=sampler.tokens(turn["prompt_tokens"]),
                 output_tokens=sampler.tokens(turn["output_tokens"]),
                 prefix_tokens=turn["shared_prefix_tokens"],
+                sentence_tokens=voice["speak"]["sentence_tokens"],
+                ids_per_token=voice["speak"]["ids_per_token"],
+                turn=index,
             )
             audio_file, audio_s = (
                 recordings[index % len(recordings)]
@@ -287,6 +301,7 @@ def build(data: dict[str, Any], base: Path | None = None) -> Workload:
                     audio_s=audio_s,
                     then=reply,
                     audio_file=audio_file,
+                    turn=index,
                 )
             )
 
