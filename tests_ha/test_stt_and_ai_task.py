@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import wave
 from collections.abc import AsyncIterator
@@ -44,6 +45,48 @@ async def test_the_stt_entity_transcribes_the_pipelines_audio(
     result = await engine.async_process_audio_stream(metadata, _chunks(_pcm("command-00.wav")))
     assert result.result is stt.SpeechResultState.SUCCESS
     assert "kitchen" in (result.text or "").lower()
+
+
+SILENCE = bytes(16000 * 2 * 8 // 10)  # 0.8 s: what the pipeline's VAD waits before it ends
+
+
+async def _stt_requests(entry: MockConfigEntry) -> int:
+    stats = await entry.runtime_data.client.stats()
+    return int(stats["classes"]["voice"]["stt"]["requests"])
+
+
+async def test_the_stt_entity_starts_at_the_pause_before_the_stream_ends(
+    hass: HomeAssistant, entry: MockConfigEntry
+) -> None:
+    engine = stt.async_get_speech_to_text_engine(hass, STT_ENTITY)
+    assert engine is not None
+    before = await _stt_requests(entry)
+
+    async def spoken() -> AsyncIterator[bytes]:
+        async for chunk in _chunks(_pcm("command-05.wav") + SILENCE):
+            yield chunk
+        # The stream stays open (the pipeline's VAD is still listening) until the server has
+        # transcribed what came before the pause.
+        for _ in range(600):
+            if await _stt_requests(entry) > before:
+                return
+            await asyncio.sleep(0.1)
+
+    result = await engine.async_process_audio_stream(voice_metadata("en-US"), spoken())
+    assert result.result is stt.SpeechResultState.SUCCESS
+    assert "door" in (result.text or "").lower()
+    assert await _stt_requests(entry) == before + 1  # that transcript was the answer
+
+
+async def test_speech_after_the_pause_drops_the_early_transcript(
+    hass: HomeAssistant, entry: MockConfigEntry
+) -> None:
+    engine = stt.async_get_speech_to_text_engine(hass, STT_ENTITY)
+    assert engine is not None
+    audio = _pcm("command-05.wav") + SILENCE + _pcm("command-00.wav")
+    result = await engine.async_process_audio_stream(voice_metadata("en-US"), _chunks(audio))
+    text = (result.text or "").lower()
+    assert "door" in text and "kitchen" in text
 
 
 async def test_home_assistants_stt_http_api_reaches_the_server(

@@ -82,6 +82,15 @@ class Telemetry:
         self.prompt_tokens = Counter(
             "fairlane_prompt_tokens", "Prompt tokens admitted", labels, registry=self.registry
         )
+        self.cached_tokens = Counter(
+            "fairlane_prompt_tokens_cached",
+            "Prompt tokens found in the prefix cache",
+            labels,
+            registry=self.registry,
+        )
+        # Since start: LLM prompt tokens admitted, and those the prefix cache already held.
+        self.prompt_seen: dict[Priority, int] = dict.fromkeys(Priority, 0)
+        self.prompt_cached: dict[Priority, int] = dict.fromkeys(Priority, 0)
         self.requests = Counter(
             "fairlane_requests", "Requests by outcome", ["class", "outcome"], registry=self.registry
         )
@@ -106,9 +115,19 @@ class Telemetry:
     # --- observations ------------------------------------------------------------------------
 
     def begin(
-        self, kind: Kind, priority: Priority, client: str, prompt_tokens: int, arrival: float
+        self,
+        kind: Kind,
+        priority: Priority,
+        client: str,
+        prompt_tokens: int,
+        arrival: float,
+        cached_tokens: int = 0,
     ) -> RequestRecord:
         self.prompt_tokens.labels(priority.label).inc(prompt_tokens)
+        if kind is Kind.LLM:
+            self.cached_tokens.labels(priority.label).inc(cached_tokens)
+            self.prompt_seen[priority] += prompt_tokens
+            self.prompt_cached[priority] += cached_tokens
         return RequestRecord(kind, priority, client, kind.value, arrival, prompt_tokens)
 
     def token(self, record: RequestRecord, at: float) -> None:
@@ -180,6 +199,11 @@ class Telemetry:
                     # Speech synthesis: text in → first sentence's audio out.
                     "first_audio_ms": _quantiles([t for r in spoken if (t := r.ttft) is not None]),
                     "e2e_ms": _quantiles([t for r in spoken if (t := r.e2e) is not None]),
+                },
+                # LLM prompts since start: tokens, and the share found in the prefix cache.
+                "prefix_cache": {
+                    "prompt_tokens": self.prompt_seen[priority],
+                    "cached_tokens": self.prompt_cached[priority],
                 },
                 "waiting": device["waiting"][priority.label],
                 "running": device["running"][priority.label],

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import array
+import asyncio
+import contextlib
 import logging
+import math
 from collections.abc import AsyncIterable
+from dataclasses import dataclass
 
 from homeassistant.components import stt
 from homeassistant.core import HomeAssistant
@@ -27,10 +32,56 @@ async def async_setup_entry(
         async_add_entities([FairlaneSpeechToText(entry)])
 
 
+@dataclass
+class Pause:
+    """The speaker's first pause in 16-bit PCM chunks, by loudness: a chunk is speech when its
+    RMS is above a tenth of the loudest so far (and a floor). The server's Wyoming side uses
+    the same rule; this copy lives here because the integration cannot import the server."""
+
+    rate: int = 16000
+    pause_s: float = 0.3
+    floor: float = 0.01 * 32768
+    loudest: float = 0.0
+    heard: bool = False
+    speaking: bool = False
+    quiet_s: float = 0.0
+    since_pause: float = 0.0  # the loudest chunk since the pause
+
+    @property
+    def still_quiet(self) -> bool:
+        """Nothing since the pause as loud as a twentieth of the loudest speech: stricter than
+        the rule for speech, so a soft last word drops the early transcript."""
+        return self.since_pause <= max(self.floor, 0.05 * self.loudest)
+
+    def feed(self, chunk: bytes) -> bool:
+        """True once, when the quiet after speech first reaches `pause_s`."""
+        samples = array.array("h", chunk[: len(chunk) // 2 * 2])
+        if not samples:
+            return False
+        rms = math.sqrt(sum(x * x for x in samples) / len(samples))
+        self.loudest = max(self.loudest, rms)
+        self.since_pause = max(self.since_pause, rms)
+        self.speaking = rms > max(self.floor, 0.1 * self.loudest)
+        if self.speaking:
+            self.heard, self.quiet_s = True, 0.0
+            return False
+        before = self.quiet_s
+        self.quiet_s += len(samples) / self.rate
+        if self.heard and before < self.pause_s <= self.quiet_s:
+            self.since_pause = 0.0
+            return True
+        return False
+
+
 class FairlaneSpeechToText(stt.SpeechToTextEntity):
-    """Whisper on the Fairlane server. The utterance is sent whole once the pipeline's VAD
-    ends it: the server transcribes complete utterances (≤ 30 s), and on a LAN the upload
-    of a few seconds of 16 kHz audio costs milliseconds."""
+    """Whisper on the Fairlane server, recognition started at the speaker's first pause.
+
+    The pipeline streams audio until its VAD has heard enough silence (0.7 s by default) to
+    end the utterance. At the first 0.3 s of quiet after speech the audio so far is sent for
+    transcription; if nothing loud comes after it, that transcript is the answer when the
+    stream ends (it is usually ready by then); if the speaker goes on, it is dropped and the
+    whole utterance is sent at the end. The server transcribes complete utterances (≤ 30 s);
+    on a LAN the upload of a few seconds of 16 kHz audio costs milliseconds."""
 
     _attr_has_entity_name = True
     _attr_translation_key = "stt"
@@ -69,16 +120,36 @@ class FairlaneSpeechToText(stt.SpeechToTextEntity):
     async def async_process_audio_stream(
         self, metadata: stt.SpeechMetadata, stream: AsyncIterable[bytes]
     ) -> stt.SpeechResult:
-        audio = b"".join([chunk async for chunk in stream])
+        audio = bytearray()
+        pause = Pause(rate=int(metadata.sample_rate))
+        early: asyncio.Task[str] | None = None
         try:
-            text = await self.entry.runtime_data.client.transcribe(
-                audio,
-                # HA speaks of "en-US"; Whisper of "en".
-                language=metadata.language.split("-")[0].lower() or None,
-                sample_rate=int(metadata.sample_rate),
-                fairlane_class="voice",
-            )
+            async for chunk in stream:
+                audio += chunk
+                if pause.feed(chunk) and early is None:
+                    early = self.hass.async_create_task(self._transcribe(bytes(audio), metadata))
+                elif pause.speaking and early is not None:
+                    early.cancel()  # they went on talking: the guess is stale
+                    early = None
+            if early is not None and pause.still_quiet:
+                text = await early  # nothing said since the pause: the guess stands
+            else:
+                text = await self._transcribe(bytes(audio), metadata)
         except FairlaneError:
             _LOGGER.exception("Transcription failed")
             return stt.SpeechResult(None, stt.SpeechResultState.ERROR)
+        finally:
+            if early is not None and not early.done():
+                early.cancel()
+                with contextlib.suppress(asyncio.CancelledError, FairlaneError):
+                    await early
         return stt.SpeechResult(text.strip(), stt.SpeechResultState.SUCCESS)
+
+    async def _transcribe(self, audio: bytes, metadata: stt.SpeechMetadata) -> str:
+        return await self.entry.runtime_data.client.transcribe(
+            audio,
+            # HA speaks of "en-US"; Whisper of "en".
+            language=metadata.language.split("-")[0].lower() or None,
+            sample_rate=int(metadata.sample_rate),
+            fairlane_class="voice",
+        )

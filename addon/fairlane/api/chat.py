@@ -216,7 +216,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         svc.telemetry.refuse(priority)
         raise refused(admission)
     turn.cached_tokens = policy_request.cached_tokens
-    record = svc.telemetry.begin(Kind.LLM, priority, client, len(prompt), policy_request.arrival)
+    record = svc.telemetry.begin(
+        Kind.LLM, priority, client, len(prompt), policy_request.arrival, turn.cached_tokens
+    )
     try:
         # The first token before the response starts: a turn that fails or expires while it
         # waits gets an HTTP error, not a stream that breaks off.
