@@ -14,7 +14,9 @@ of speech (the last audio chunk the pipeline took):
 - the whole turn (the last audio byte).
 
 Two turns: a command ("turn on the kitchen lights": a tool call, then a short reply) and a
-question ("what is the weather tomorrow": an answer in words). Each runs with the device idle
+question ("what is the weather tomorrow": an answer in words). The agent samples at
+temperature 0, so a turn makes the same model calls idle and loaded (the table shows them).
+Each runs with the device idle
 and with background load (two long summaries in flight as a closed loop, and documents being
 indexed), rounds alternating idle, loaded, idle, loaded. Every round is printed, then
 p50 / max per condition and the loaded/idle ratio of the p50s.
@@ -41,6 +43,7 @@ from homeassistant.core import Context, HomeAssistant
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
+from custom_components.fairlane.const import CONF_TEMPERATURE
 from tests_ha.conftest import SPEECH, add_kitchen_light, voice_metadata
 
 ROUNDS = 3
@@ -49,7 +52,40 @@ CHUNK = 1024  # 32 ms of 16 kHz 16-bit audio
 NOTE = "The boiler was serviced in March and the filter replaced; the invoice is in the drawer. "
 
 
-async def _run_turn(hass: HomeAssistant, pipeline_id: str, recording: str) -> dict[str, float]:
+async def _model_calls(entry: MockConfigEntry) -> int:
+    stats = await entry.runtime_data.client.stats()
+    return int(stats["classes"]["voice"]["requests"])
+
+
+CALLS: list[dict[str, float]] = []  # each model call: sent, first token, last token, tokens
+
+
+def _record_calls(entry: MockConfigEntry) -> None:
+    """Time each model call of the agent as Home Assistant sees it, with its usage."""
+    client = entry.runtime_data.client
+    plain = client.chat_stream
+
+    async def chat_stream(body: dict[str, Any]) -> AsyncGenerator[dict[str, Any]]:
+        call = {"sent": time.perf_counter()}
+        CALLS.append(call)
+        async for chunk in plain({**body, "stream_options": {"include_usage": True}}):
+            now = time.perf_counter()
+            if chunk.get("choices"):
+                call.setdefault("first", now)
+                call["last"] = now
+            if usage := chunk.get("usage"):
+                call["prompt"] = usage["prompt_tokens"]
+                call["cached"] = usage["prompt_tokens_details"]["cached_tokens"]
+            yield chunk
+
+    client.chat_stream = chat_stream  # type: ignore[method-assign]
+
+
+async def _run_turn(
+    hass: HomeAssistant, entry: MockConfigEntry, pipeline_id: str, recording: str
+) -> dict[str, float]:
+    calls = await _model_calls(entry)
+    first_call = len(CALLS)
     with wave.open(str(SPEECH / recording)) as wav:
         audio = wav.readframes(wav.getnframes())
     marks: dict[str, float] = {}
@@ -100,10 +136,16 @@ async def _run_turn(hass: HomeAssistant, pipeline_id: str, recording: str) -> di
     )
     await asyncio.gather(*reader)
     end = marks["end_of_speech"]
+    for call in CALLS[first_call:]:
+        print(f"    model call: sent {call['sent'] - end:5.2f} s, first token "
+              f"{call.get('first', 0) - call['sent']:5.2f} s later, last "
+              f"{call.get('last', 0) - call['sent']:5.2f} s, {call.get('cached', 0):.0f} of "
+              f"{call.get('prompt', 0):.0f} prompt tokens cached", flush=True)
     return {
         "transcript": marks["transcript"] - end,
         "first_audio": marks["first_audio"] - end,
         "turn": marks["last_audio"] - end,
+        "calls": float(await _model_calls(entry) - calls),
         "error": marks.get("error", 0.0),
     }
 
@@ -158,6 +200,12 @@ def _commit() -> str:
 async def test_bench_spoken_turns(hass: HomeAssistant, entry: MockConfigEntry,
                                   fairlane_server: Any) -> None:
     await add_kitchen_light(hass, "Kitchen lights")
+    hass.config_entries.async_update_entry(
+        entry, options={**entry.options, CONF_TEMPERATURE: 0.0}
+    )
+    await hass.config_entries.async_reload(entry.entry_id)
+    await hass.async_block_till_done()
+    _record_calls(entry)
     assert await async_setup_component(hass, PIPELINE, {})
     store = hass.data[KEY_ASSIST_PIPELINE].pipeline_store
     pipeline = await store.async_create_item({
@@ -169,19 +217,21 @@ async def test_bench_spoken_turns(hass: HomeAssistant, entry: MockConfigEntry,
     })
     base = f"http://{fairlane_server.host}:{fairlane_server.port}"
     for recording in TURNS.values():  # equal warm-up: each turn once, idle
-        await _run_turn(hass, pipeline.id, recording)
+        await _run_turn(hass, entry, pipeline.id, recording)
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     for round_ in range(ROUNDS):
         for condition in ("idle", "loaded"):
             for label, recording in TURNS.items():
                 if condition == "idle":
-                    row = await _run_turn(hass, pipeline.id, recording)
+                    row = await _run_turn(hass, entry, pipeline.id, recording)
                 else:
                     async with BackgroundLoad(base, fairlane_server.token):
-                        row = await _run_turn(hass, pipeline.id, recording)
+                        row = await _run_turn(hass, entry, pipeline.id, recording)
                 results.setdefault((label, condition), []).append(row)
                 print(f"round {round_ + 1} {label:8} {condition:6} "
-                      + " ".join(f"{k} {v:.2f} s" for k, v in row.items() if k != "error")
+                      + " ".join(f"{k} {v:.2f} s" for k, v in row.items()
+                                 if k not in ("error", "calls"))
+                      + f" model calls {row['calls']:.0f}"
                       + (" ERROR" if row["error"] else ""), flush=True)
     print(f"\ncommit {_commit()}; {ROUNDS} rounds; seconds from the end of speech")
     print(f"{'turn':9} {'condition':9} {'transcript p50/max':>19} {'first audio p50/max':>20} "
