@@ -7,8 +7,11 @@ Home Assistant writes the time, to the second, into the system prompt when the a
 offers no clock tool (a third-party tool pack; any agent on releases before the `GetDateTime`
 tool). The chat template writes the tools after the system prompt, so everything after the
 time is new to the cache on every turn. The agent moves the time to the newest user message
-(`stable_first`). Two agents' set-ups, each with that move on and off, turns alternating
-on / off, separated by 5–30 s of real time (so the clock in the prompt really changes):
+(`stable_first`). Two agents' set-ups, each with that move on and off, separated by 5–30 s of
+real time (so the clock in the prompt really changes). The conditions run in blocks, not
+alternating: what is measured is the cache's content, and two prompt layouts taking turns
+would evict each other's entries (a household runs one of them), so each block starts with a
+warm-up turn of its own:
 
 - **Assist** (this release offers `GetDateTime`, so no time is written);
 - **a household tool pack** without a clock tool (three tools), where the time is written.
@@ -96,7 +99,7 @@ async def _turn(hass: HomeAssistant, text: str, usages: list[dict[str, Any]]) ->
 
 async def test_bench_prompt_cache(hass: HomeAssistant, entry: MockConfigEntry) -> None:
     await add_kitchen_light(hass)
-    llm.async_register_api(hass, HouseholdTools(hass, id="household", name="Household tools"))
+    llm.async_register_api(hass, HouseholdTools(hass=hass, id="household", name="Household tools"))
     client = entry.runtime_data.client
     usages: list[dict[str, Any]] = []
     plain_stream = client.chat_stream
@@ -118,13 +121,11 @@ async def test_bench_prompt_cache(hass: HomeAssistant, entry: MockConfigEntry) -
         client = entry.runtime_data.client
         plain_stream = client.chat_stream
         client.chat_stream = chat_stream  # type: ignore[method-assign]
-        for condition in ("moved", "in place"):  # warm-up: one turn each
+        for condition in ("moved", "in place"):
             fairlane_entity.stable_first = moving if condition == "moved" else (lambda m: m)
-            await _turn(hass, "Hello", usages)
-        for i, gap in enumerate(GAPS_S):
-            for condition in ("moved", "in place"):
+            await _turn(hass, "Hello", usages)  # warm-up
+            for i, gap in enumerate(GAPS_S):
                 await asyncio.sleep(gap)
-                fairlane_entity.stable_first = moving if condition == "moved" else (lambda m: m)
                 usage = await _turn(hass, QUESTIONS[i], usages)
                 cached = usage["prompt_tokens_details"]["cached_tokens"]
                 share = cached / usage["prompt_tokens"]

@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import wave
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,6 +152,25 @@ async def entry(hass: HomeAssistant, entry_data: dict[str, object]) -> MockConfi
         data=entry_data,
         options={CONF_LLM_HASS_API: [llm.LLM_API_ASSIST]},
         title="Fairlane",
+    )
+    entry.add_to_hass(hass)
+    assert await hass.config_entries.async_setup(entry.entry_id)
+    await hass.async_block_till_done()
+    return entry
+
+
+async def spoken(name: str, chunk: int = 1024) -> AsyncIterator[bytes]:
+    """A recorded command in the chunks a satellite streams (1024 bytes: 32 ms)."""
+    with wave.open(str(SPEECH / name)) as wav:
+        audio = wav.readframes(wav.getnframes())
+    for offset in range(0, len(audio), chunk):
+        yield audio[offset : offset + chunk]
+
+
+async def add_wyoming(hass: HomeAssistant, port: int) -> MockConfigEntry:
+    """Home Assistant's own Wyoming integration, set up against the Fairlane server."""
+    entry = MockConfigEntry(
+        domain="wyoming", data={"host": "127.0.0.1", "port": port}, title="Fairlane"
     )
     entry.add_to_hass(hass)
     assert await hass.config_entries.async_setup(entry.entry_id)

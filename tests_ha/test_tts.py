@@ -19,7 +19,7 @@ from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.fairlane.entity import stable_first
 from custom_components.fairlane.tts import sentences
-from tests_ha.conftest import SPEECH, add_kitchen_light, voice_metadata
+from tests_ha.conftest import add_kitchen_light, add_wyoming, spoken, voice_metadata
 
 TTS_ENTITY = "tts.fairlane_text_to_speech"
 REPLY = "The kitchen lights are on. The front door is locked."
@@ -97,18 +97,12 @@ async def test_home_assistants_pipeline_speaks_the_reply_through_fairlane(
     })
     events: list[Any] = []
 
-    async def spoken() -> AsyncGenerator[bytes]:
-        with wave.open(str(SPEECH / "command-00.wav")) as wav:  # "turn on the kitchen lights"
-            audio = wav.readframes(wav.getnframes())
-        for offset in range(0, len(audio), 1024):
-            yield audio[offset : offset + 1024]
-
     await assist_pipeline.async_pipeline_from_audio_stream(
         hass,
         context=Context(),
         event_callback=events.append,
         stt_metadata=voice_metadata(),
-        stt_stream=spoken(),
+        stt_stream=spoken("command-00.wav"),  # "turn on the kitchen lights"
         pipeline_id=pipeline.id,
         device_id="kitchen-satellite",
         # WAV as the voice makes it: no ffmpeg conversion (a satellite may ask for another
@@ -131,14 +125,7 @@ async def test_home_assistants_pipeline_speaks_the_reply_through_fairlane(
 async def test_home_assistants_wyoming_integration_speaks_with_fairlane(
     hass: HomeAssistant, fairlane_server, socket_enabled
 ) -> None:
-    entry = MockConfigEntry(
-        domain="wyoming",
-        data={"host": "127.0.0.1", "port": fairlane_server.wyoming_port},
-        title="Fairlane",
-    )
-    entry.add_to_hass(hass)
-    assert await hass.config_entries.async_setup(entry.entry_id)
-    await hass.async_block_till_done()
+    entry = await add_wyoming(hass, fairlane_server.wyoming_port)
     entities = er.async_entries_for_config_entry(er.async_get(hass), entry.entry_id)
     tts_id = next(e.entity_id for e in entities if e.domain == "tts")
     entity = _entity(hass, tts_id)

@@ -3,8 +3,6 @@ Fairlane's agent with Assist's tools; the light really turns on, and both ran as
 
 from __future__ import annotations
 
-import wave
-from collections.abc import AsyncIterator
 from typing import Any
 
 from homeassistant.components import assist_pipeline
@@ -14,14 +12,7 @@ from homeassistant.core import Context, HomeAssistant
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from tests_ha.conftest import SPEECH, add_kitchen_light, voice_metadata
-
-
-async def _spoken(name: str) -> AsyncIterator[bytes]:
-    with wave.open(str(SPEECH / name)) as wav:
-        audio = wav.readframes(wav.getnframes())
-    for offset in range(0, len(audio), 1024):  # 32 ms frames, as a satellite streams them
-        yield audio[offset : offset + 1024]
+from tests_ha.conftest import add_kitchen_light, spoken, voice_metadata
 
 
 async def test_a_spoken_command_turns_on_the_light(
@@ -46,7 +37,7 @@ async def test_a_spoken_command_turns_on_the_light(
         context=Context(),
         event_callback=events.append,
         stt_metadata=voice_metadata(),
-        stt_stream=_spoken("command-00.wav"),  # "turn on the kitchen lights"
+        stt_stream=spoken("command-00.wav"),  # "turn on the kitchen lights"
         pipeline_id=pipeline.id,
         device_id="kitchen-satellite",
         end_stage=assist_pipeline.PipelineStage.INTENT,

@@ -9,9 +9,8 @@ from pathlib import Path
 from homeassistant.components import stt
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers import entity_registry as er
-from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from tests_ha.conftest import voice_metadata
+from tests_ha.conftest import add_wyoming, voice_metadata
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "speech" / "command-00.wav"
 
@@ -26,14 +25,7 @@ async def _audio() -> AsyncIterator[bytes]:
 async def test_home_assistant_wyoming_sets_up_and_transcribes(
     hass: HomeAssistant, fairlane_server, socket_enabled
 ) -> None:
-    entry = MockConfigEntry(
-        domain="wyoming",
-        data={"host": "127.0.0.1", "port": fairlane_server.wyoming_port},
-        title="Fairlane",
-    )
-    entry.add_to_hass(hass)
-    assert await hass.config_entries.async_setup(entry.entry_id)
-    await hass.async_block_till_done()
+    entry = await add_wyoming(hass, fairlane_server.wyoming_port)
 
     entities = er.async_entries_for_config_entry(er.async_get(hass), entry.entry_id)
     stt_entity = next(e.entity_id for e in entities if e.domain == "stt")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fairlane.policy import Kind, Priority, Slo
+from fairlane.text import number_words
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -75,47 +76,10 @@ class RequestRecord:
         return True
 
 
-_ONES = [
-    "zero",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-    "ten",
-    "eleven",
-    "twelve",
-    "thirteen",
-    "fourteen",
-    "fifteen",
-    "sixteen",
-    "seventeen",
-    "eighteen",
-    "nineteen",
-]
-_TENS = ["_", "_", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-
-
-def _number_words(value: int) -> str:
-    if value < 20:
-        return _ONES[value]
-    if value < 100:
-        tens, ones = divmod(value, 10)
-        return _TENS[tens] + ("" if ones == 0 else " " + _ONES[ones])
-    if value < 1000:
-        hundreds, rest = divmod(value, 100)
-        return _ONES[hundreds] + " hundred" + ("" if rest == 0 else " " + _number_words(rest))
-    return str(value)
-
-
 def normalize_words(text: str) -> list[str]:
     """Lower case, no punctuation, numbers as words ("21°" and "twenty-one" both count once)."""
     text = text.lower().replace("%", " percent").replace("-", " ")
-    text = re.sub(r"\d+", lambda m: f" {_number_words(int(m.group()))} ", text)
+    text = re.sub(r"\d+", lambda m: f" {number_words(int(m.group()))} ", text)
     return re.sub(r"[^a-z' ]+", " ", text).split()
 
 

@@ -187,20 +187,10 @@ class WyomingHandler(AsyncEventHandler):
             self.early = None
         service = self.services.speech
         if paused and self.early is None and self.services.early and service is not None:
-            samples = len(self.audio) // 2
             utterance = Utterance(_float(bytes(self.audio)), self.language)
-            task = asyncio.create_task(
-                transcribe(
-                    service.device,
-                    service.engine,
-                    service.telemetry,
-                    utterance,
-                    Priority.VOICE,
-                    client="wyoming",
-                )
-            )
+            task = asyncio.create_task(_voice(service, utterance))
             task.add_done_callback(_consume)
-            self.early = EarlyTranscript(task, samples)
+            self.early = EarlyTranscript(task, len(self.audio) // 2)
 
     async def _synthesis_event(self, event: Event, voice: VoiceService) -> bool:
         if SynthesizeStart.is_type(event.type):
@@ -279,14 +269,7 @@ class WyomingHandler(AsyncEventHandler):
             else:
                 if early is not None:
                     early.task.cancel()  # a word came after the pause
-                result = await transcribe(
-                    service.device,
-                    service.engine,
-                    service.telemetry,
-                    utterance,
-                    Priority.VOICE,
-                    client="wyoming",
-                )
+                result = await _voice(service, utterance)
         except (AudioError, Refused, Cancelled, Expired) as err:
             await self.write_event(Error(text=str(err), code=type(err).__name__).event())
             return
@@ -330,6 +313,13 @@ class PauseDetector:
         before = self.quiet_s
         self.quiet_s += samples.size / SAMPLE_RATE
         return self.heard and before < self.pause_s <= self.quiet_s
+
+
+async def _voice(service: SpeechService, utterance: Utterance) -> TranscriptEvent:
+    """A Wyoming utterance is voice work of the client "wyoming" (it has no authentication)."""
+    return await transcribe(
+        service.device, service.engine, service.telemetry, utterance, Priority.VOICE, "wyoming"
+    )
 
 
 def _float(pcm: bytes) -> np.ndarray:

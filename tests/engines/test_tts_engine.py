@@ -11,12 +11,12 @@ from fairlane.engines.tts import (
     PiperVoice,
     TtsConfig,
     normalize,
-    number_words,
     phonemize,
     split_sentences,
     to_espeak,
 )
 from fairlane.synthesis import SentenceBuffer, sentences_of
+from fairlane.text import number_words
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from fairlane.policy import SeqOutput, StepResult, TtsPlan
+from fairlane.text import ONES, number_words
 
 MAX_SENTENCE_CHARS = 240  # a longer sentence is cut at a comma or a space: one step stays short
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for /v1/audio/speech input
@@ -43,56 +44,11 @@ class TextError(ValueError):
 
 # --- text normalisation --------------------------------------------------------------------
 
-_ONES = [
-    "zero",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-    "ten",
-    "eleven",
-    "twelve",
-    "thirteen",
-    "fourteen",
-    "fifteen",
-    "sixteen",
-    "seventeen",
-    "eighteen",
-    "nineteen",
-]
-_TENS = ["_", "_", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-_SCALES = ((1_000_000_000, "billion"), (1_000_000, "million"), (1_000, "thousand"))
-
-
-def number_words(n: int) -> str:
-    """21 → "twenty one"; 1905 → "one thousand nine hundred five"."""
-    if n < 0:
-        return "minus " + number_words(-n)
-    if n < 20:
-        return _ONES[n]
-    if n < 100:
-        tens, ones = divmod(n, 10)
-        return _TENS[tens] + (f" {_ONES[ones]}" if ones else "")
-    if n < 1000:
-        hundreds, rest = divmod(n, 100)
-        return f"{_ONES[hundreds]} hundred" + (f" {number_words(rest)}" if rest else "")
-    for scale, name in _SCALES:
-        if n >= scale:
-            high, rest = divmod(n, scale)
-            return f"{number_words(high)} {name}" + (f" {number_words(rest)}" if rest else "")
-    raise AssertionError("unreachable")
-
-
 def _decimal(match: re.Match[str]) -> str:
     whole, _, fraction = match.group(0).replace(",", "").partition(".")
     spoken = number_words(int(whole)) if whole else "zero"
     if fraction:
-        spoken += " point " + " ".join(_ONES[int(d)] for d in fraction)
+        spoken += " point " + " ".join(ONES[int(d)] for d in fraction)
     return f" {spoken} "
 
 
