@@ -44,7 +44,7 @@ async def test_setup_makes_one_device_with_every_entity_and_unloads(
     assert device.manufacturer == "Fairlane" and device.sw_version == "0.1.0"
     assert device.model and "qwen" in device.model.lower()
     ids = _entity_ids(hass, entry)
-    expected = {d.key for d in SENSORS} | {"reachable", "conversation", "stt", "ai_task"}
+    expected = {d.key for d in SENSORS} | {"reachable", "conversation", "stt", "tts", "ai_task"}
     assert set(ids) == expected
     assert all(
         e.device_id == device.id

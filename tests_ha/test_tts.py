@@ -65,6 +65,7 @@ async def test_the_tts_entity_streams_the_reply_sentence_by_sentence(
     assert entity.supported_languages == ["en-US"]
     voices = entity.async_get_supported_voices("en-US")
     assert voices and voices[0].voice_id == "en_US-joe-medium"
+    assert entity.async_get_supported_voices("de-DE") is None
     before = (await entry.runtime_data.client.stats())["classes"]["voice"]["tts"]["requests"]
 
     response = await entity.async_stream_tts_audio(

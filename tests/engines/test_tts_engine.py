@@ -80,3 +80,10 @@ def test_a_voice_file_that_is_not_a_voice_is_refused(tmp_path) -> None:
     (tmp_path / "x.onnx").write_bytes(b"nope")
     with pytest.raises(models.ModelError, match=r"onnx\.json"):
         models.resolve_voice(str(tmp_path / "x.onnx"))
+
+
+def test_a_packaged_voice_whose_digest_differs_is_refused(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("FAIRLANE_MODEL_DIR", str(tmp_path))
+    monkeypatch.setitem(models.VOICE_SHA256, models.DEFAULT_VOICE, "0" * 64)
+    with pytest.raises(models.ModelError, match="sha256"):
+        models.resolve_voice(models.DEFAULT_VOICE)
