@@ -82,7 +82,7 @@ def _bench(args: argparse.Namespace) -> int:
     elif args.what == "voice":
         from fairlane.bench.voice import voice
 
-        result = voice(Path(args.fixtures), threads, args.rounds)
+        result = voice(Path(args.fixtures), threads, args.rounds, args.targets or "fairlane")
     elif args.what == "throughput":
         result = llm.throughput(args.streams, threads, args.max_tokens, args.rounds)
     else:
@@ -100,7 +100,7 @@ def _bench_family(args: argparse.Namespace, threads: int) -> object:
     from fairlane.bench.family import PHASES, TARGETS, family, format_ratios, format_rows
     from fairlane.sim import default_workload, scenario
 
-    targets = [t for t in args.targets.split(",") if t]
+    targets = [t for t in (args.targets or "fairlane,fcfs,separate").split(",") if t]
     phases = [p for p in args.phases.split(",") if p]
     if unknown := [t for t in targets if t not in TARGETS] + [p for p in phases if p not in PHASES]:
         raise ValueError(f"unknown target or phase {unknown}: targets {TARGETS}, phases {PHASES}")
@@ -316,7 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--backend", default="onnx-int8", help="embed: the server's backend")
     bench.add_argument("--workload", help="family: workload YAML (default: the family evening)")
     bench.add_argument(
-        "--targets", default="fairlane,fcfs,separate", help="family: servers, comma-separated"
+        "--targets",
+        help="family: servers, comma-separated (default fairlane,fcfs,separate); voice: "
+        "`separate` measures Fairlane against wyoming-piper (default fairlane)",
     )
     bench.add_argument(
         "--phases", default="interactive,background,mixed", help="family: phases, comma-separated"

@@ -11,6 +11,11 @@
    real-time factor; then the same with the device busy with background work (two long
    summaries in flight and documents being embedded, as `background`), idle and loaded
    alternating.
+3. **Beside a separate voice server** (`--targets separate`, after
+   `scripts/install-baselines.sh`): the same replies over Wyoming `synthesize` to Fairlane and to
+   `wyoming-piper` 2.5.2 (Piper's own server, GPL, in its own venv under `.bench/`) speaking the
+   same voice file, taking turns reply by reply; idle, then with the same background load on
+   the Fairlane server, which the separate voice server shares the two cores with.
 
 Every round is printed; the tables give p50 / p95 and the ratios.
 """
@@ -28,7 +33,9 @@ import wave
 from pathlib import Path
 from typing import Any
 
-from fairlane.bench.servers import ServerProcess, fairlane_server
+from fairlane import models
+from fairlane.bench.family import BASELINES, _wyoming_ready
+from fairlane.bench.servers import ServerProcess, fairlane_server, free_port
 from fairlane.metrics import percentile
 
 SILENCE_S = 0.7  # Home Assistant's VAD: silence before it ends an utterance (default sensitivity)
@@ -208,11 +215,88 @@ def synthesis(threads: int, rounds: int) -> dict[str, Any]:
     return results
 
 
+async def _wyoming_speak(port: int, text: str) -> dict[str, float]:
+    from wyoming.audio import AudioChunk, AudioStop
+    from wyoming.client import AsyncTcpClient
+    from wyoming.tts import Synthesize
+
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        sent = time.perf_counter()
+        await client.write_event(Synthesize(text=text).event())
+        first = None
+        while (event := await client.read_event()) is not None:
+            if AudioChunk.is_type(event.type):
+                first = first or time.perf_counter()
+            elif AudioStop.is_type(event.type):
+                done = time.perf_counter()
+                return {"first_audio": (first or done) - sent, "whole": done - sent}
+    raise RuntimeError("the voice server closed the connection")
+
+
+def _piper_server() -> ServerProcess:
+    program = BASELINES / "wyoming-piper/bin/wyoming-piper"
+    if not program.is_file():
+        raise ValueError(f"no {program}: run scripts/install-baselines.sh first")
+    voice = models.resolve_voice(models.DEFAULT_VOICE)
+    port = free_port()
+    argv = [
+        str(program),
+        "--voice",
+        voice.name.removesuffix(".onnx"),
+        "--data-dir",
+        str(voice.parent),
+        "--uri",
+        f"tcp://127.0.0.1:{port}",
+    ]
+    return ServerProcess(argv, port, ready=_wyoming_ready)
+
+
+def against_separate(threads: int, rounds: int) -> dict[str, Any]:
+    results: dict[str, dict[str, list[float]]] = {}
+    with fairlane_server("fairlane", threads, 8) as server, _piper_server() as piper:
+        targets = {"fairlane": _wyoming_port(server), "wyoming-piper": piper.port}
+        for port in targets.values():  # equal warm-up
+            asyncio.run(_wyoming_speak(port, REPLIES[0]))
+        for round_ in range(rounds):
+            for condition in ("idle", "loaded"):
+                load = Load(server.url) if condition == "loaded" else None
+                if load is not None:
+                    load.__enter__()
+                try:
+                    for text in REPLIES:
+                        for label, port in targets.items():
+                            row = asyncio.run(_wyoming_speak(port, text))
+                            values = results.setdefault(f"{label} {condition}", {})
+                            for key, value in row.items():
+                                values.setdefault(key, []).append(value)
+                            print(
+                                f"round {round_ + 1} {label:13} {condition:6} {len(text):3} "
+                                f"chars: first audio {row['first_audio']:.2f} s, whole "
+                                f"{row['whole']:.2f} s",
+                                flush=True,
+                            )
+                finally:
+                    if load is not None:
+                        load.__exit__()
+    return results
+
+
 def _cell(values: list[float]) -> str:
     return f"{percentile(values, 50) or 0:.2f} / {percentile(values, 95) or 0:.2f}"
 
 
-def voice(fixtures: Path, threads: int, rounds: int) -> dict[str, Any]:
+def voice(fixtures: Path, threads: int, rounds: int, targets: str = "fairlane") -> dict[str, Any]:
+    if "separate" in targets.split(","):
+        beside = against_separate(threads, rounds)
+        print("\nover Wyoming, seconds p50 / p95     first audio      whole reply")
+        for label, row in beside.items():
+            print(f"  {label:22} {_cell(row['first_audio']):>14} {_cell(row['whole']):>16}")
+        for condition in ("idle", "loaded"):
+            ratio = statistics.median(beside[f"fairlane {condition}"]["first_audio"]) / (
+                statistics.median(beside[f"wyoming-piper {condition}"]["first_audio"])
+            )
+            print(f"  first audio, fairlane ÷ wyoming-piper, {condition} (p50): {ratio:.2f}")
+        return {"against_separate": beside}
     heard = recognition(fixtures, threads, rounds)
     spoken = synthesis(threads, rounds)
     print(
