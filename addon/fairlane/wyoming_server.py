@@ -29,6 +29,7 @@ Wyoming has no authentication: bind it to a trusted interface only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -177,6 +178,16 @@ class WyomingHandler(AsyncEventHandler):
             await self._transcribe()
             return False  # one utterance per connection, as Home Assistant uses it
         return True
+
+    async def disconnect(self) -> None:
+        """The client went away: its queued sentences and an early transcript are dropped
+        (their requests leave the device's queues)."""
+        for task in (self.speaking, self.early.task if self.early else None):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self.early = None
 
     def _listen(self, chunk: bytes) -> None:
         """Streaming recognition: at the speaker's first pause, transcribe what has come so far

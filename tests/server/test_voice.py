@@ -241,3 +241,26 @@ def test_speech_during_a_large_ingestion_runs_at_the_next_step(server) -> None:
     assert [r for r in records if record.arrival <= r.start < tts_step.start] == []
     assert tts_step.classes == (Priority.VOICE,)
     assert any(r.kind is Kind.EMBED and r.start >= tts_step.end for r in records)
+
+
+def test_a_wyoming_client_that_leaves_mid_stream_drops_its_queued_sentences(server) -> None:
+    """Ten sentences streamed, the connection closed at the first audio: at most the sentence
+    already on the device is still synthesised, nothing after it."""
+    device = server.services.device
+    left: list[float] = []
+
+    async def leave() -> None:
+        async with AsyncTcpClient("127.0.0.1", server.services.wyoming_port) as wy:
+            await wy.write_event(SynthesizeStart().event())
+            for sentence in HOUSEHOLD:
+                await wy.write_event(SynthesizeChunk(text=sentence + " ").event())
+            while (event := await wy.read_event()) is not None:
+                if AudioChunk.is_type(event.type):
+                    break  # the first audio came: hang up
+        left.append(time.monotonic())
+
+    asyncio.run(leave())
+    time.sleep(3)  # long enough for several more sentences, had they stayed queued
+    after = [r for r in device.records if r.kind is Kind.TTS and r.start > left[0]]
+    assert len(after) <= 1, len(after)
+    assert device.snapshot()["waiting"]["voice"] == 0
