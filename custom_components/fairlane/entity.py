@@ -152,7 +152,7 @@ def _message(content: conversation.Content) -> dict[str, Any]:
         return {
             "role": "tool",
             "tool_call_id": content.tool_call_id,
-            "content": json_dumps(content.tool_result),
+            "content": json_dumps(_tool_result(content)),
         }
     if isinstance(content, conversation.AssistantContent):
         message: dict[str, Any] = {"role": "assistant", "content": content.content or ""}
@@ -192,6 +192,14 @@ def stable_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out[0]["content"] = (system[: moment.start()] + system[moment.end() :]).strip()
     out[users[-1]]["content"] = f"{out[users[-1]]['content']}\n\n({moment.group(0).strip()})"
     return out
+
+
+def _tool_result(content: conversation.ToolResultContent) -> Any:
+    """The tool's answer: `result` on current releases; `tool_result` before (and, on current
+    releases, a deprecated alias that goes in 2027.11)."""
+    if (result := getattr(content, "result", None)) is not None:
+        return result
+    return content.tool_result
 
 
 def _trim_history(messages: list[dict[str, Any]], max_turns: int) -> list[dict[str, Any]]:
