@@ -214,9 +214,18 @@ def test_wyoming_synthesis_of_nothing_gets_an_error_event(server) -> None:
 # --- priority --------------------------------------------------------------------------------
 
 
-def test_speech_during_a_large_ingestion_runs_at_the_next_step(server) -> None:
+def test_speech_during_a_large_ingestion_runs_at_the_next_step(server, monkeypatch) -> None:
     """2,000 texts to embed as background work; a sentence to speak arrives in the middle."""
     device = server.services.device
+    engine = server.services.voice.engine
+    registered: list[float] = []  # when the sentence reached the device (under its lock)
+    add = engine.add
+
+    def timed_add(request_id, speech) -> None:  # type: ignore[no-untyped-def]
+        registered.append(time.monotonic())
+        add(request_id, speech)
+
+    monkeypatch.setattr(engine, "add", timed_add)
     texts = [f"Note {i}: the boiler was serviced and the filter replaced." for i in range(2000)]
     done = threading.Event()
 
@@ -235,10 +244,10 @@ def test_speech_during_a_large_ingestion_runs_at_the_next_step(server) -> None:
     status, _, _ = speak(server, {"input": "The front door is open.", "response_format": "wav"})
     thread.join(timeout=300)
     assert status == 200 and done.is_set()
-    record = [r for r in server.services.telemetry.done if r.kind is Kind.TTS][-1]
+    arrival = registered[-1]
     records = list(device.records)
-    tts_step = next(r for r in records if r.kind is Kind.TTS and r.start >= record.arrival)
-    assert [r for r in records if record.arrival <= r.start < tts_step.start] == []
+    tts_step = next(r for r in records if r.kind is Kind.TTS and r.start >= arrival)
+    assert [r for r in records if arrival <= r.start < tts_step.start] == []
     assert tts_step.classes == (Priority.VOICE,)
     assert any(r.kind is Kind.EMBED and r.start >= tts_step.end for r in records)
 
