@@ -37,14 +37,11 @@ from typing import Any
 
 import aiohttp
 from homeassistant.components import assist_pipeline, tts
-from homeassistant.components.assist_pipeline.const import DOMAIN as PIPELINE
-from homeassistant.components.assist_pipeline.pipeline import KEY_ASSIST_PIPELINE
 from homeassistant.core import Context, HomeAssistant
-from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.fairlane.const import CONF_TEMPERATURE
-from tests_ha.conftest import SPEECH, add_kitchen_light, voice_metadata
+from tests_ha.conftest import SPEECH, add_kitchen_light, voice_metadata, voice_pipeline
 
 ROUNDS = 3
 TURNS = {"command": "command-00.wav", "question": "command-03.wav"}
@@ -206,27 +203,19 @@ async def test_bench_spoken_turns(hass: HomeAssistant, entry: MockConfigEntry,
     await hass.config_entries.async_reload(entry.entry_id)
     await hass.async_block_till_done()
     _record_calls(entry)
-    assert await async_setup_component(hass, PIPELINE, {})
-    store = hass.data[KEY_ASSIST_PIPELINE].pipeline_store
-    pipeline = await store.async_create_item({
-        "name": "Fairlane", "language": "en", "conversation_engine": "conversation.fairlane",
-        "conversation_language": "en", "stt_engine": "stt.fairlane_speech_to_text",
-        "stt_language": "en", "tts_engine": "tts.fairlane_text_to_speech",
-        "tts_language": "en-US", "tts_voice": None, "wake_word_entity": None,
-        "wake_word_id": None, "prefer_local_intents": False,
-    })
+    pipeline_id = await voice_pipeline(hass, "tts.fairlane_text_to_speech")
     base = f"http://{fairlane_server.host}:{fairlane_server.port}"
     for recording in TURNS.values():  # equal warm-up: each turn once, idle
-        await _run_turn(hass, entry, pipeline.id, recording)
+        await _run_turn(hass, entry, pipeline_id, recording)
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     for round_ in range(ROUNDS):
         for condition in ("idle", "loaded"):
             for label, recording in TURNS.items():
                 if condition == "idle":
-                    row = await _run_turn(hass, entry, pipeline.id, recording)
+                    row = await _run_turn(hass, entry, pipeline_id, recording)
                 else:
                     async with BackgroundLoad(base, fairlane_server.token):
-                        row = await _run_turn(hass, entry, pipeline.id, recording)
+                        row = await _run_turn(hass, entry, pipeline_id, recording)
                 results.setdefault((label, condition), []).append(row)
                 print(f"round {round_ + 1} {label:8} {condition:6} "
                       + " ".join(f"{k} {v:.2f} s" for k, v in row.items()

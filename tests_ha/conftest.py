@@ -176,3 +176,20 @@ async def add_wyoming(hass: HomeAssistant, port: int) -> MockConfigEntry:
     assert await hass.config_entries.async_setup(entry.entry_id)
     await hass.async_block_till_done()
     return entry
+
+
+async def voice_pipeline(hass: HomeAssistant, tts_engine: str | None = None) -> str:
+    """An assist pipeline of Fairlane's STT and agent (and TTS, if named); returns its id."""
+    from homeassistant.components.assist_pipeline.const import DOMAIN as PIPELINE
+    from homeassistant.components.assist_pipeline.pipeline import KEY_ASSIST_PIPELINE
+
+    assert await async_setup_component(hass, PIPELINE, {})
+    store = hass.data[KEY_ASSIST_PIPELINE].pipeline_store
+    pipeline = await store.async_create_item({
+        "name": "Fairlane", "language": "en", "conversation_engine": "conversation.fairlane",
+        "conversation_language": "en", "stt_engine": "stt.fairlane_speech_to_text",
+        "stt_language": "en", "tts_engine": tts_engine,
+        "tts_language": "en-US" if tts_engine else None, "tts_voice": None,
+        "wake_word_entity": None, "wake_word_id": None, "prefer_local_intents": False,
+    })
+    return str(pipeline.id)

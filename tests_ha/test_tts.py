@@ -9,17 +9,14 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from homeassistant.components import assist_pipeline, tts
-from homeassistant.components.assist_pipeline.const import DOMAIN as PIPELINE
-from homeassistant.components.assist_pipeline.pipeline import KEY_ASSIST_PIPELINE
 from homeassistant.components.tts.entity import TTSAudioRequest
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import entity_registry as er
-from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.fairlane.entity import stable_first
 from custom_components.fairlane.tts import sentences
-from tests_ha.conftest import add_kitchen_light, add_wyoming, spoken, voice_metadata
+from tests_ha.conftest import add_kitchen_light, add_wyoming, spoken, voice_metadata, voice_pipeline
 
 TTS_ENTITY = "tts.fairlane_text_to_speech"
 REPLY = "The kitchen lights are on. The front door is locked."
@@ -87,15 +84,7 @@ async def test_home_assistants_pipeline_speaks_the_reply_through_fairlane(
     hass: HomeAssistant, entry: MockConfigEntry
 ) -> None:
     assert await add_kitchen_light(hass, "Kitchen lights") == "light.kitchen_lights"
-    assert await async_setup_component(hass, PIPELINE, {})
-    store = hass.data[KEY_ASSIST_PIPELINE].pipeline_store
-    pipeline = await store.async_create_item({
-        "name": "Fairlane", "language": "en", "conversation_engine": "conversation.fairlane",
-        "conversation_language": "en", "stt_engine": "stt.fairlane_speech_to_text",
-        "stt_language": "en", "tts_engine": TTS_ENTITY, "tts_language": "en-US",
-        "tts_voice": None, "wake_word_entity": None, "wake_word_id": None,
-        "prefer_local_intents": False,
-    })
+    pipeline_id = await voice_pipeline(hass, TTS_ENTITY)
     events: list[Any] = []
 
     await assist_pipeline.async_pipeline_from_audio_stream(
@@ -104,7 +93,7 @@ async def test_home_assistants_pipeline_speaks_the_reply_through_fairlane(
         event_callback=events.append,
         stt_metadata=voice_metadata(),
         stt_stream=spoken("command-00.wav"),  # "turn on the kitchen lights"
-        pipeline_id=pipeline.id,
+        pipeline_id=pipeline_id,
         device_id="kitchen-satellite",
         # WAV as the voice makes it: no ffmpeg conversion (a satellite may ask for another
         # format; Home Assistant then converts with its ffmpeg).

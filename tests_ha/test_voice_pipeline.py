@@ -6,27 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from homeassistant.components import assist_pipeline
-from homeassistant.components.assist_pipeline.const import DOMAIN as PIPELINE
-from homeassistant.components.assist_pipeline.pipeline import KEY_ASSIST_PIPELINE
 from homeassistant.core import Context, HomeAssistant
-from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from tests_ha.conftest import add_kitchen_light, spoken, voice_metadata
+from tests_ha.conftest import add_kitchen_light, spoken, voice_metadata, voice_pipeline
 
 
 async def test_a_spoken_command_turns_on_the_light(
     hass: HomeAssistant, entry: MockConfigEntry
 ) -> None:
     assert await add_kitchen_light(hass, "Kitchen lights") == "light.kitchen_lights"
-    assert await async_setup_component(hass, PIPELINE, {})
-    store = hass.data[KEY_ASSIST_PIPELINE].pipeline_store
-    pipeline = await store.async_create_item({
-        "name": "Fairlane", "language": "en", "conversation_engine": "conversation.fairlane",
-        "conversation_language": "en", "stt_engine": "stt.fairlane_speech_to_text",
-        "stt_language": "en", "tts_engine": None, "tts_language": None, "tts_voice": None,
-        "wake_word_entity": None, "wake_word_id": None, "prefer_local_intents": False,
-    })
+    pipeline_id = await voice_pipeline(hass)
     assert hass.states.get("light.kitchen_lights").state == "off"
     client = entry.runtime_data.client
     before = (await client.stats())["classes"]["voice"]
@@ -38,7 +28,7 @@ async def test_a_spoken_command_turns_on_the_light(
         event_callback=events.append,
         stt_metadata=voice_metadata(),
         stt_stream=spoken("command-00.wav"),  # "turn on the kitchen lights"
-        pipeline_id=pipeline.id,
+        pipeline_id=pipeline_id,
         device_id="kitchen-satellite",
         end_stage=assist_pipeline.PipelineStage.INTENT,
     )

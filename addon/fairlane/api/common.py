@@ -24,7 +24,7 @@ from fairlane.engines.llm import (
 from fairlane.policy import Admission, Priority
 from fairlane.synthesis import VoiceService
 from fairlane.telemetry import Telemetry
-from fairlane.wyoming_server import SpeechService
+from fairlane.wyoming_server import SpeechService, WyomingServices
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class Services:
     speech: SpeechService | None = None
     voice: VoiceService | None = None
     wyoming_port: int | None = None
-    wyoming: Any = None  # the Wyoming server's services (wyoming_server.WyomingServices)
+    wyoming: WyomingServices | None = None  # the Wyoming server's, once it is started
     embedder: EmbeddingEngine | None = None
     embed_name: str = ""
     documents: DocumentStore | None = None

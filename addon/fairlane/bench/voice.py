@@ -23,6 +23,7 @@ Every round is printed; the tables give p50 / p95 and the ratios.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 import threading
@@ -169,6 +170,11 @@ class Load:
             thread.join(timeout=600)
 
 
+def _loaded(url: str, condition: str) -> contextlib.AbstractContextManager[object]:
+    """The background load for a "loaded" round; nothing for an idle one."""
+    return Load(url) if condition == "loaded" else contextlib.nullcontext()
+
+
 def _speak(url: str, text: str) -> dict[str, float]:
     body = {"input": text, "response_format": "wav", "stream_format": "audio"}
     sent = time.perf_counter()
@@ -194,10 +200,7 @@ def synthesis(threads: int, rounds: int) -> dict[str, Any]:
         _speak(server.url, REPLIES[0])  # warm-up
         for round_ in range(rounds):
             for condition in ("idle", "loaded"):
-                if condition == "loaded":
-                    load = Load(server.url)
-                    load.__enter__()
-                try:
+                with _loaded(server.url, condition):
                     for text in REPLIES:
                         row = _speak(server.url, text)
                         values = results.setdefault(condition, {})
@@ -209,9 +212,6 @@ def synthesis(threads: int, rounds: int) -> dict[str, Any]:
                             f"RTF {row['rtf']:.3f}",
                             flush=True,
                         )
-                finally:
-                    if condition == "loaded":
-                        load.__exit__()
     return results
 
 
@@ -259,10 +259,7 @@ def against_separate(threads: int, rounds: int) -> dict[str, Any]:
             asyncio.run(_wyoming_speak(port, REPLIES[0]))
         for round_ in range(rounds):
             for condition in ("idle", "loaded"):
-                load = Load(server.url) if condition == "loaded" else None
-                if load is not None:
-                    load.__enter__()
-                try:
+                with _loaded(server.url, condition):
                     for text in REPLIES:
                         for label, port in targets.items():
                             row = asyncio.run(_wyoming_speak(port, text))
@@ -275,9 +272,6 @@ def against_separate(threads: int, rounds: int) -> dict[str, Any]:
                                 f"{row['whole']:.2f} s",
                                 flush=True,
                             )
-                finally:
-                    if load is not None:
-                        load.__exit__()
     return results
 
 

@@ -246,10 +246,7 @@ class Simulator:
         self._push(at, sentence)
 
     def _duration(self, plan: StepPlan) -> float:
-        if isinstance(plan, LlmPlan):
-            seconds = self.truth.llm_s(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens)
-        else:
-            seconds = self.truth.plan_s(plan)
+        seconds = self.truth.plan_s(plan)
         if self.noise:
             seconds *= max(0.2, self.rng.gauss(1.0, self.noise))
         return seconds
