@@ -59,7 +59,12 @@ OPENAPI: dict[str, Any] = {
                 "type": "object",
                 "properties": {
                     "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-                    "content": {"type": ["string", "array", "null"]},
+                    "content": {
+                        "type": ["string", "array", "null"],
+                        "description": "a string, or parts: text, and file (file.file_data a "
+                        "base64 data URL of text, Markdown, HTML or PDF; its text is extracted); "
+                        "image and audio parts are refused with a 400",
+                    },
                     "tool_calls": {"type": "array", "items": {"type": "object"}},
                     "tool_call_id": {"type": "string"},
                 },
@@ -100,6 +105,11 @@ OPENAPI: dict[str, Any] = {
                         "json_schema.schema: sampling is constrained to that JSON",
                     },
                     "fairlane_class": _CLASS,
+                    "priority": {
+                        "oneOf": [{"type": "integer"}, _CLASS],
+                        "description": "vLLM's and SGLang's field: below 0 is voice, 0 chat, "
+                        "above 0 background, or a class name; fairlane_class wins",
+                    },
                 },
                 "required": ["messages"],
             },
@@ -109,7 +119,8 @@ OPENAPI: dict[str, Any] = {
     "paths": {
         "/health": {
             "get": {
-                "summary": "Liveness (no auth)",
+                "summary": "Liveness (no auth): version, instance_id (stable per data "
+                "directory), models, Wyoming port",
                 "security": [],
                 "responses": {"200": {"description": "Server is up"}},
             }

@@ -60,6 +60,7 @@ from fairlane.engines.llm import (
 from fairlane.engines.stt import SttConfig, WhisperEngine
 from fairlane.engines.tts import PiperVoice
 from fairlane.engines.tts import TtsConfig as TtsEngineConfig
+from fairlane.identity import instance_id
 from fairlane.openapi import OPENAPI
 from fairlane.policy import CostModel, Kind, Priority, make_policy
 from fairlane.profiles import load as load_profile
@@ -157,6 +158,7 @@ async def health(request: web.Request) -> web.Response:
         {
             "status": "ok",
             "version": __version__,
+            "instance_id": svc.instance_id,
             "policy": svc.policy_name,
             "models": {
                 "llm": svc.model_name,
@@ -330,6 +332,7 @@ def build_services(cfg: config_mod.Config) -> Services:
         voice=voice,
         embedder=embedder,
         embed_name=cfg.embed.model,
+        instance_id=instance_id(Path(cfg.server.data_dir).expanduser()),
         documents=DocumentStore(Path(cfg.server.data_dir).expanduser() / "fairlane.sqlite")
         if embedder is not None
         else None,

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import voluptuous as vol
@@ -27,6 +31,7 @@ from fairlane.api.common import (
     validate,
 )
 from fairlane.chat import ChatTemplateError, may_be_tool_call, parse_tool_calls
+from fairlane.documents import DocumentError, extract_text
 from fairlane.engines.llm import (
     SamplingParams,
     TokenEvent,
@@ -36,13 +41,8 @@ from fairlane.policy import Kind, Priority, Request
 # --- request validation ------------------------------------------------------------------------
 
 _ROLES = vol.In(["system", "developer", "user", "assistant", "tool"])
-_CONTENT = vol.Any(
-    None,
-    str,
-    [
-        {vol.Required("type"): str, vol.Optional("text"): str},
-    ],
-)
+# Content parts are checked by kind in `read_parts`, which can say what is wrong with each.
+_CONTENT = vol.Any(None, str, [vol.Schema({vol.Required("type"): str}, extra=vol.ALLOW_EXTRA)])
 MESSAGE = vol.Schema(
     {
         vol.Required("role"): _ROLES,
@@ -87,6 +87,7 @@ CHAT_REQUEST = vol.Schema(
         ),
         vol.Optional("tool_choice"): vol.Any(str, dict, None),
         vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
+        vol.Optional("priority"): vol.Any(None, int, str),
         vol.Optional("deadline_ms"): vol.Any(None, vol.Coerce(float)),
         vol.Optional("response_format"): vol.Any(
             {vol.Required("type"): vol.In(["text", "json_object"])},
@@ -112,6 +113,92 @@ async def cancel_completion(request: web.Request) -> web.Response:
 
 
 # --- chat completions --------------------------------------------------------------------------
+
+
+# Core's llama.cpp integration sends a PDF as a text part: "[File: name.pdf]\nContent: <base64>".
+_PASTED_FILE = re.compile(
+    r"\A\[File: (?P<name>[^\]\n]+)\]\nContent: (?P<data>[A-Za-z0-9+/=\s]+)\Z"
+)
+_DATA_URL = re.compile(
+    r"\Adata:(?P<type>[\w.+-]+/[\w.+-]+)?(?:;[^,]*)?;base64,(?P<data>.*)\Z", re.S
+)
+_BY_SUFFIX = {".pdf": "application/pdf", ".md": "text/markdown", ".html": "text/html",
+              ".htm": "text/html", ".txt": "text/plain"}
+
+
+def read_parts(messages: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
+    """Content parts as text the model can read: `text` as it is; `file` parts (OpenAI's
+    shape, `file_data` a base64 data URL) and base64 PDFs pasted into a text part are
+    extracted as the document store extracts them (text, Markdown, HTML, PDF). Images and
+    audio get a 400 that says what the model reads. Runs in a thread: PDFs take a while."""
+    out = []
+    for index, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            out.append(message)
+            continue
+        texts = [
+            _part_text(part, model, f"messages.{index}.content.{number}")
+            for number, part in enumerate(content)
+        ]
+        out.append({**message, "content": [{"type": "text", "text": t} for t in texts]})
+    return out
+
+
+def _part_text(part: dict[str, Any], model: str, where: str) -> str:
+    kind = part["type"]
+    if kind == "text":
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise ApiError(400, f"{where}.text: a text part needs its text", param=where)
+        pasted = _PASTED_FILE.match(text)
+        if pasted is None:
+            return text
+        data = _base64(pasted["data"], where)
+        if not data.startswith(b"%PDF"):
+            return text
+        return _file_text(pasted["name"], data, "application/pdf", where)
+    if kind == "file":
+        file = part.get("file")
+        if not isinstance(file, dict) or not isinstance(file.get("file_data"), str):
+            raise ApiError(
+                400,
+                f"{where}.file: send the file inline as `file_data`, a base64 data URL "
+                "(uploaded file ids are not kept by this server)",
+                param=where,
+            )
+        name = str(file.get("filename") or "attachment")
+        url = _DATA_URL.match(file["file_data"])
+        raw = url["data"] if url else file["file_data"]
+        content_type = (url["type"] if url else None) or _BY_SUFFIX.get(
+            Path(name).suffix.lower(), "text/plain"
+        )
+        if content_type.startswith("image/"):
+            return _part_text({"type": "image_url"}, model, where)
+        return _file_text(name, _base64(raw, where), content_type, where)
+    what = {"image_url": "image", "input_image": "image", "input_audio": "audio"}.get(kind, kind)
+    raise ApiError(
+        400,
+        f"{where}: {what} input is not supported: {model} reads text only (send text, or a "
+        "text, Markdown, HTML or PDF file part)",
+        param=where,
+        code="unsupported_content",
+    )
+
+
+def _base64(data: str, where: str) -> bytes:
+    try:
+        return base64.b64decode("".join(data.split()), validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise ApiError(400, f"{where}: the file data is not base64: {err}", param=where) from err
+
+
+def _file_text(name: str, data: bytes, content_type: str, where: str) -> str:
+    try:
+        text = extract_text(data, content_type)
+    except DocumentError as err:
+        raise ApiError(400, f"{where}: {name}: {err}", param=where) from err
+    return f"[File: {name}]\n{text}"
 
 
 def _output_grammar(response_format: dict[str, Any] | None) -> str | None:
@@ -157,6 +244,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             400, f"this model cannot chat: {svc.template_error}", code="no_chat_template"
         )
     priority = request_class(request, body, Priority.CHAT)
+    body["messages"] = await asyncio.to_thread(read_parts, body["messages"], svc.model_name)
     tools = body.get("tools") or []
     if body.get("tool_choice") == "none":
         tools = []

@@ -87,14 +87,37 @@ async def json_body(request: web.Request) -> Any:
 
 
 def request_class(request: web.Request, body: dict[str, Any], default: Priority) -> Priority:
-    """The class from `X-Fairlane-Class` or the `fairlane_class` field (the field wins)."""
+    """The class from the `fairlane_class` field, the `X-Fairlane-Class` header or the
+    `priority` field, in that order; none of them: `default`."""
     value = body.get("fairlane_class") or request.headers.get(CLASS_HEADER)
+    if value is None and body.get("priority") is not None:
+        return priority_field(body["priority"])
     if value is None:
         return default
     try:
         return Priority.parse(value)
     except ValueError as err:
         raise ApiError(400, str(err), param="fairlane_class") from err
+
+
+def priority_field(value: Any) -> Priority:
+    """The `priority` request field that vLLM and SGLang take, mapped to a class.
+
+    A number as vLLM reads it (lower is served first, 0 is the default): below 0 is `voice`,
+    0 is `chat`, above 0 is `background`. A class name is taken as it is.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ApiError(400, "priority must be an integer or a class name", param="priority")
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():  # a form field
+        value = int(value)
+    if isinstance(value, int):
+        if value < 0:
+            return Priority.VOICE
+        return Priority.CHAT if value == 0 else Priority.BACKGROUND
+    try:
+        return Priority.parse(value)
+    except ValueError as err:
+        raise ApiError(400, f"priority: {err}", param="priority") from err
 
 
 DEADLINE_HEADER = "X-Fairlane-Deadline-Ms"
@@ -158,6 +181,7 @@ class Services:
     index_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     summary_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)
+    instance_id: str = ""  # this server's stable id (`fairlane.identity`)
 
 
 SERVICES = web.AppKey("services", Services)
