@@ -38,7 +38,7 @@ from homeassistant.util.json import JsonObjectType
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.fairlane import entity as fairlane_entity
-from tests_ha.conftest import add_kitchen_light
+from tests_ha.conftest import add_kitchen_light, set_agent
 
 AGENT = "conversation.fairlane"
 GAPS_S = (5, 12, 20, 30, 8, 25)  # between consecutive turns of one condition
@@ -115,9 +115,7 @@ async def test_bench_prompt_cache(hass: HomeAssistant, entry: MockConfigEntry) -
     moving = fairlane_entity.stable_first
     rows: list[tuple[str, str, int, float]] = []
     for api in (llm.LLM_API_ASSIST, "household"):
-        hass.config_entries.async_update_entry(entry, options={CONF_LLM_HASS_API: [api]})
-        await hass.config_entries.async_reload(entry.entry_id)
-        await hass.async_block_till_done()
+        await set_agent(hass, entry, **{CONF_LLM_HASS_API: [api]})
         client = entry.runtime_data.client
         plain_stream = client.chat_stream
         client.chat_stream = chat_stream  # type: ignore[method-assign]

@@ -41,7 +41,13 @@ from homeassistant.core import Context, HomeAssistant
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.fairlane.const import CONF_TEMPERATURE
-from tests_ha.conftest import SPEECH, add_kitchen_light, voice_metadata, voice_pipeline
+from tests_ha.conftest import (
+    SPEECH,
+    add_kitchen_light,
+    set_agent,
+    voice_metadata,
+    voice_pipeline,
+)
 
 ROUNDS = 3
 TURNS = {"command": "command-00.wav", "question": "command-03.wav"}
@@ -197,11 +203,7 @@ def _commit() -> str:
 async def test_bench_spoken_turns(hass: HomeAssistant, entry: MockConfigEntry,
                                   fairlane_server: Any) -> None:
     await add_kitchen_light(hass, "Kitchen lights")
-    hass.config_entries.async_update_entry(
-        entry, options={**entry.options, CONF_TEMPERATURE: 0.0}
-    )
-    await hass.config_entries.async_reload(entry.entry_id)
-    await hass.async_block_till_done()
+    await set_agent(hass, entry, **{CONF_TEMPERATURE: 0.0})
     _record_calls(entry)
     pipeline_id = await voice_pipeline(hass, "tts.fairlane_text_to_speech")
     base = f"http://{fairlane_server.host}:{fairlane_server.port}"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from homeassistant.components import conversation, stt
 from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
+from homeassistant.config_entries import ConfigSubentry, ConfigSubentryData
 from homeassistant.const import CONF_HOST, CONF_LLM_HASS_API, CONF_PORT, CONF_TOKEN
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers import area_registry as ar
@@ -22,7 +23,8 @@ from homeassistant.helpers import llm
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from custom_components.fairlane.const import DOMAIN
+from custom_components.fairlane import default_subentries
+from custom_components.fairlane.const import DOMAIN, SUBENTRY_CONVERSATION
 
 ROOT = Path(__file__).resolve().parents[1]
 FAIRLANE = ROOT / ".venv" / "bin" / "fairlane"
@@ -144,15 +146,41 @@ def entry_data(fairlane_server: RunningServer) -> dict[str, object]:
     }
 
 
+def fairlane_entry(
+    data: dict[str, object], agent: dict[str, object] | None = None, **kwargs: object
+) -> MockConfigEntry:
+    """A version 2 entry as the config flow makes it: the server, and its subentries (an
+    agent with `agent`'s settings, Assist's tools by default; the AI task; STT; TTS)."""
+    options: dict[str, object] = {CONF_LLM_HASS_API: [llm.LLM_API_ASSIST]}
+    if agent is not None:
+        options = agent
+    subentries = [
+        ConfigSubentryData(data=settings, subentry_type=kind, title=title, unique_id=None)
+        for kind, title, settings in default_subentries(options)
+    ]
+    kwargs.setdefault("title", "Fairlane")
+    return MockConfigEntry(
+        domain=DOMAIN, data=data, version=2, minor_version=1,
+        subentries_data=subentries, **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def subentry(entry: MockConfigEntry, kind: str) -> ConfigSubentry:
+    """The entry's (first) subentry of a kind."""
+    return next(s for s in entry.subentries.values() if s.subentry_type == kind)
+
+
+async def set_agent(hass: HomeAssistant, entry: MockConfigEntry, **settings: object) -> None:
+    """Change the agent's settings as its reconfigure step does, and wait for the reload."""
+    agent = subentry(entry, SUBENTRY_CONVERSATION)
+    hass.config_entries.async_update_subentry(entry, agent, data={**agent.data, **settings})
+    await hass.async_block_till_done()
+
+
 @pytest.fixture
 async def entry(hass: HomeAssistant, entry_data: dict[str, object]) -> MockConfigEntry:
     """A loaded Fairlane entry with Assist's tools on, as a new entry has them."""
-    entry = MockConfigEntry(
-        domain=DOMAIN,
-        data=entry_data,
-        options={CONF_LLM_HASS_API: [llm.LLM_API_ASSIST]},
-        title="Fairlane",
-    )
+    entry = fairlane_entry(entry_data)
     entry.add_to_hass(hass)
     assert await hass.config_entries.async_setup(entry.entry_id)
     await hass.async_block_till_done()

@@ -26,7 +26,7 @@ from custom_components.fairlane.client import (
 )
 from custom_components.fairlane.const import DOMAIN, EVENT_SUMMARY_DONE
 from custom_components.fairlane.entity import _tool_input, _trim_history
-from tests_ha.conftest import RunningServer, voice_metadata
+from tests_ha.conftest import RunningServer, fairlane_entry, voice_metadata
 
 AGENT = "conversation.fairlane"
 
@@ -108,7 +108,8 @@ async def test_an_unexpected_error_in_the_flow_is_unknown(
 async def test_actions_need_exactly_one_server(
     hass: HomeAssistant, entry: MockConfigEntry, entry_data: dict[str, object]
 ) -> None:
-    second = MockConfigEntry(domain=DOMAIN, data=entry_data, title="Same server, again")
+    # Two entries of one server (the flows refuse that, so this one is made by hand).
+    second = fairlane_entry(entry_data, unique_id=entry.unique_id, title="Same server, again")
     second.add_to_hass(hass)
     assert await hass.config_entries.async_setup(second.entry_id)
     with pytest.raises(ServiceValidationError, match="More than one"):
@@ -176,6 +177,17 @@ def test_history_keeps_the_system_prompt_and_the_last_turns() -> None:
 
 
 async def test_tool_arguments_that_are_not_json_become_empty(hass: HomeAssistant) -> None:
-    call = _tool_input(hass, {"id": "", "name": "HassTurnOn", "args": "{name: kitchen"})
+    call = _tool_input(hass, {"id": "", "name": "HassTurnOn", "args": "{name: kitchen"}, True)
     assert call.tool_name == "HassTurnOn" and call.tool_args == {} and call.id
+
+
+async def test_only_intent_tools_get_their_targets_repaired(hass: HomeAssistant) -> None:
+    """A shopping list item called "None", a script's field: passed on as written."""
+    item = {"item": "None", "name": "Shopping list", "area": "Garage"}
+    args = '{"item": "None", "name": "Shopping list", "area": "Garage"}'
+    intent_call = _tool_input(hass, {"id": "1", "name": "HassShoppingListAddItem",
+                                     "args": args}, True)
+    assert intent_call.tool_args == {"item": "None", "name": "Shopping list"}  # no Garage here
+    script_call = _tool_input(hass, {"id": "2", "name": "script_notify", "args": args}, False)
+    assert script_call.tool_args == item
 

@@ -7,7 +7,7 @@ from unittest.mock import patch
 import pytest
 from homeassistant.components import conversation
 from homeassistant.config_entries import ConfigEntryState
-from homeassistant.const import STATE_OFF, STATE_ON, STATE_UNAVAILABLE
+from homeassistant.const import STATE_OFF, STATE_ON, STATE_UNAVAILABLE, STATE_UNKNOWN
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers import entity_registry as er
@@ -26,35 +26,61 @@ from custom_components.fairlane.client import (
 )
 from custom_components.fairlane.const import DOMAIN
 from custom_components.fairlane.sensor import SENSORS
+from tests_ha.conftest import fairlane_entry
 
 
 def _entity_ids(hass: HomeAssistant, entry: MockConfigEntry) -> dict[str, str]:
-    """unique-id suffix → entity id."""
+    """key → entity id: the server's sensors by unique-id suffix, a subentry's entity by the
+    subentry's type."""
+    kinds = {sub.subentry_id: sub.subentry_type for sub in entry.subentries.values()}
     return {
-        e.unique_id.removeprefix(f"{entry.entry_id}_"): e.entity_id
+        kinds.get(e.unique_id) or e.unique_id.removeprefix(f"{entry.entry_id}_"): e.entity_id
         for e in er.async_entries_for_config_entry(er.async_get(hass), entry.entry_id)
     }
 
 
-async def test_setup_makes_one_device_with_every_entity_and_unloads(
+async def test_setup_makes_the_server_and_a_device_per_subentry_and_unloads(
     hass: HomeAssistant, entry: MockConfigEntry
 ) -> None:
     assert entry.state is ConfigEntryState.LOADED
-    [device] = dr.async_entries_for_config_entry(dr.async_get(hass), entry.entry_id)
-    assert device.manufacturer == "Fairlane" and device.sw_version == "0.1.0"
-    assert device.model and "qwen" in device.model.lower()
+    devices = dr.async_get(hass)
+    server = devices.async_get_device({(DOMAIN, entry.entry_id)})
+    assert server is not None
+    assert server.manufacturer == "Fairlane" and server.sw_version == "0.1.0"
+    assert server.model and "qwen" in server.model.lower()
     ids = _entity_ids(hass, entry)
-    expected = {d.key for d in SENSORS} | {"reachable", "conversation", "stt", "tts", "ai_task"}
-    assert set(ids) == expected
-    assert all(
-        e.device_id == device.id
-        for e in er.async_entries_for_config_entry(er.async_get(hass), entry.entry_id)
-    )
+    kinds = {"conversation", "stt", "tts", "ai_task_data"}
+    assert set(ids) == {d.key for d in SENSORS} | {"reachable"} | kinds
+    registry = er.async_get(hass)
+    for key, entity_id in ids.items():
+        entity = registry.async_get(entity_id)
+        assert entity is not None
+        if key in kinds:  # on its subentry's device, which the server serves
+            device = devices.async_get(entity.device_id or "")
+            assert device is not None and device.via_device_id == server.id
+            assert entity.config_subentry_id == entity.unique_id
+        else:
+            assert entity.device_id == server.id
+    assert ids["conversation"] == "conversation.fairlane"
+    assert ids["tts"] == "tts.fairlane_text_to_speech"
 
     assert await hass.config_entries.async_unload(entry.entry_id)
     await hass.async_block_till_done()
     assert entry.state is ConfigEntryState.NOT_LOADED
     assert hass.states.get(ids["reachable"]).state == STATE_UNAVAILABLE
+
+
+async def test_an_entry_of_another_server_waits_with_a_repair_issue(
+    hass: HomeAssistant, entry_data: dict[str, object]
+) -> None:
+    """The server at the address is not the entry's (its id differs): not adopted silently."""
+    entry = fairlane_entry(entry_data, unique_id="the-server-this-entry-was-made-for")
+    entry.add_to_hass(hass)
+    await hass.config_entries.async_setup(entry.entry_id)
+    await hass.async_block_till_done()
+    assert entry.state is ConfigEntryState.SETUP_RETRY
+    issue = ir.async_get(hass).async_get_issue(DOMAIN, f"wrong_server_{entry.entry_id}")
+    assert issue is not None and issue.translation_key == "wrong_server"
 
 
 async def test_sensors_show_the_servers_stats(
@@ -75,9 +101,6 @@ async def test_sensors_show_the_servers_stats(
     assert float(hass.states.get(ids["chat_ttft_p95"]).state) == chat["ttft_ms"]["p95"]
     assert float(hass.states.get(ids["chat_itl_p95"]).state) == chat["itl_ms"]["p95"]
     assert int(hass.states.get(ids["chat_queue"]).state) == chat["waiting"] == 0
-    assert float(hass.states.get(ids["device_busy"]).state) == round(
-        100 * stats["device"]["busy"], 1
-    )
     assert hass.states.get(ids["chat_ttft_p95"]).attributes["unit_of_measurement"] == "ms"
     assert hass.states.get(ids["reachable"]).state == STATE_ON
 
@@ -109,7 +132,7 @@ async def test_a_server_of_another_major_version_is_a_repair_issue(
     hass: HomeAssistant, entry_data: dict[str, object]
 ) -> None:
     future = ServerInfo("1.0.0", "fairlane", "model", None, None)
-    entry = MockConfigEntry(domain=DOMAIN, data=entry_data)
+    entry = fairlane_entry(entry_data)
     entry.add_to_hass(hass)
     with patch.object(FairlaneClient, "health", return_value=future):
         await hass.config_entries.async_setup(entry.entry_id)
@@ -129,7 +152,7 @@ async def test_a_server_of_another_major_version_is_a_repair_issue(
 async def test_an_unreachable_server_is_retried(
     hass: HomeAssistant, entry_data: dict[str, object]
 ) -> None:
-    entry = MockConfigEntry(domain=DOMAIN, data=entry_data)
+    entry = fairlane_entry(entry_data)
     entry.add_to_hass(hass)
     with patch.object(FairlaneClient, "health", side_effect=FairlaneConnectionError("down")):
         await hass.config_entries.async_setup(entry.entry_id)
@@ -147,10 +170,37 @@ async def test_diagnostics_redact_the_token(
     assert set(diagnostics["stats"]["classes"]) == {"voice", "chat", "background"}
 
 
-@pytest.mark.parametrize("key", ["voice_ttft_p95", "background_progress", "device_busy"])
-async def test_sensors_have_translated_names(
+@pytest.mark.parametrize("key", ["voice_ttft_p95", "background_progress", "chat_queue"])
+async def test_sensors_have_translated_names_and_units(
     hass: HomeAssistant, entry: MockConfigEntry, key: str
 ) -> None:
     state = hass.states.get(_entity_ids(hass, entry)[key])
     assert state is not None and state.name.startswith("Fairlane ")
     assert state.name != "Fairlane"  # the translation was found
+    if key == "chat_queue":
+        assert state.attributes["unit_of_measurement"] == "requests"  # a translated unit
+
+
+async def test_diagnostic_sensors_are_disabled_by_default(
+    hass: HomeAssistant, entry: MockConfigEntry
+) -> None:
+    ids = _entity_ids(hass, entry)
+    registry = er.async_get(hass)
+    for key in ("device_busy", "chat_tokens_per_s"):
+        entity = registry.async_get(ids[key])
+        assert entity is not None and entity.disabled_by is er.RegistryEntryDisabler.INTEGRATION
+        assert hass.states.get(ids[key]) is None
+
+
+async def test_a_sensor_whose_figure_is_missing_is_unknown(
+    hass: HomeAssistant, entry: MockConfigEntry
+) -> None:
+    """An older server, or a lane not in its stats: unknown, not an error in the log."""
+    coordinator = entry.runtime_data.coordinator
+    stats = {"classes": {"voice": {"ttft_ms": {}}, "chat": None}, "device": {}}
+    with patch.object(FairlaneClient, "stats", return_value=stats):
+        await coordinator.async_refresh()
+        await hass.async_block_till_done()
+    ids = _entity_ids(hass, entry)
+    for key in ("voice_ttft_p95", "chat_queue", "speech_ttft_p95", "background_backlog"):
+        assert hass.states.get(ids[key]).state == STATE_UNKNOWN, key

@@ -90,6 +90,29 @@ async def test_paths_outside_the_allowlist_are_refused(
         )
 
 
+async def test_a_link_to_a_file_outside_the_allowed_folders_is_not_sent(
+    hass: HomeAssistant, entry: MockConfigEntry, tmp_path: Path
+) -> None:
+    """The folder is allowed, but a link in it leads out of it: that file is not read."""
+    allowed, secret = tmp_path / "allowed", tmp_path / "private" / "passwords.txt"
+    allowed.mkdir()
+    secret.parent.mkdir()
+    secret.write_text("The safe code is 4711.")
+    (allowed / "notes.txt").write_text("The plumber comes on Monday.")
+    (allowed / "passwords.txt").symlink_to(secret)
+    hass.config.allowlist_external_dirs = {str(allowed)}
+    result = await hass.services.async_call(
+        DOMAIN, "index_documents", {"path": str(allowed)}, blocking=True, return_response=True
+    )
+    assert result is not None
+    assert len(result["added"]) + result["unchanged"] == 1
+    assert result["refused"] == [{"path": str(allowed / "passwords.txt"),
+                                  "error": "it links to a file outside the allowed folders"}]
+    documents = await entry.runtime_data.client.documents()
+    assert not any("4711" in str(d) or d.get("source") == str(allowed / "passwords.txt")
+                   for d in documents)
+
+
 async def test_summarize_fires_an_event_with_the_stored_result(
     hass: HomeAssistant, entry: MockConfigEntry
 ) -> None:

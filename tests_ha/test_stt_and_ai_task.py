@@ -7,14 +7,20 @@ import json
 import wave
 from collections.abc import AsyncIterator
 from http import HTTPStatus
+from pathlib import Path
+from typing import Any
 
+import pytest
 import voluptuous as vol
 from homeassistant.components import ai_task, conversation, stt
 from homeassistant.core import Context, HomeAssistant
+from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import selector
 from homeassistant.helpers.script import script_stack_cv
+from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 from pytest_homeassistant_custom_component.typing import ClientSessionGenerator
+from tests.pdf import pdf_bytes
 
 from custom_components.fairlane.ai_task import task_class
 from custom_components.fairlane.const import CLASS_AUTO
@@ -159,3 +165,56 @@ def test_lanes_follow_who_is_waiting() -> None:
         assert task_class("chat") == "chat"
     finally:
         script_stack_cv.reset(token)
+
+
+async def _media(hass: HomeAssistant, folder: Path, files: dict[str, bytes]) -> None:
+    """Files in a local media folder, as a user's attachments come (media source)."""
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    hass.config.media_dirs["local"] = str(folder)  # in place: media_source holds this dict
+    assert await async_setup_component(hass, "media_source", {})
+
+
+async def test_ai_task_reads_a_pdf_attachment_on_the_server(
+    hass: HomeAssistant, entry: MockConfigEntry, tmp_path: Path
+) -> None:
+    """The server extracts the PDF's text (as it does for documents): no base64 in the prompt."""
+    await _media(hass, tmp_path, {"warranty.pdf": pdf_bytes(
+        "The dishwasher warranty ends on 14 March 2029.")})
+    sent: list[dict[str, Any]] = []
+    client = entry.runtime_data.client
+    plain = client.chat_stream
+
+    async def recorded(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        sent.append(body)
+        async for chunk in plain(body):
+            yield chunk
+
+    client.chat_stream = recorded  # type: ignore[method-assign]
+    result = await ai_task.async_generate_data(
+        hass,
+        task_name="warranty",
+        entity_id=AI_TASK_ENTITY,
+        instructions="When does the dishwasher warranty end? Answer with the date only.",
+        attachments=[{"media_content_id": "media-source://media_source/local/warranty.pdf",
+                      "media_content_type": "application/pdf"}],
+    )
+    assert "2029" in str(result.data)
+    user = [m for m in sent[0]["messages"] if m["role"] == "user"][-1]
+    assert [part["type"] for part in user["content"]] == ["text", "file"]
+    assert user["content"][1]["file"]["filename"] == "warranty.pdf"
+
+
+async def test_ai_task_refuses_an_image_attachment_by_name(
+    hass: HomeAssistant, entry: MockConfigEntry, tmp_path: Path
+) -> None:
+    await _media(hass, tmp_path, {"porch.jpg": b"\xff\xd8\xff\xe0 a photo"})
+    with pytest.raises(HomeAssistantError, match=r"porch\.jpg .* reads text only"):
+        await ai_task.async_generate_data(
+            hass,
+            task_name="porch",
+            entity_id=AI_TASK_ENTITY,
+            instructions="Is there a parcel on the porch?",
+            attachments=[{"media_content_id": "media-source://media_source/local/porch.jpg",
+                          "media_content_type": "image/jpeg"}],
+        )

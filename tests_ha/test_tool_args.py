@@ -14,8 +14,9 @@ async def test_guessed_filters_are_dropped_when_the_entity_is_named(hass: HomeAs
     fr.async_get(hass).async_create("Ground floor", aliases={"downstairs"})
     guessed = {"name": "Kitchen light", "area": "Kitchen", "floor": "1", "domain": "light",
                "device_class": ["outlet"], "brightness": ""}
+    # Only the target slots: brightness is the model's to get right.
     assert repair_args(hass, guessed) == {"name": "Kitchen light", "area": "Kitchen",
-                                          "domain": "light"}
+                                          "domain": "light", "brightness": ""}
     assert repair_args(hass, {"name": "Lamp", "floor": "downstairs", "area": "Attic"}) == {
         "name": "Lamp", "floor": "downstairs"}
     assert repair_args(hass, {"name": "Lamp", "area": "None", "floor": "null"}) == {"name": "Lamp"}

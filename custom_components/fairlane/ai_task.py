@@ -11,8 +11,8 @@ from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 from homeassistant.helpers.script import script_stack_cv
 
-from . import FairlaneConfigEntry
-from .const import CLASS_AUTO, CONF_AI_TASK_CLASS, DOMAIN
+from .const import CLASS_AUTO, CONF_AI_TASK_CLASS, DOMAIN, SUBENTRY_AI_TASK
+from .coordinator import FairlaneConfigEntry
 from .entity import FairlaneLLMEntity
 
 _LOGGER = logging.getLogger(__name__)
@@ -24,21 +24,29 @@ async def async_setup_entry(
     entry: FairlaneConfigEntry,
     async_add_entities: AddConfigEntryEntitiesCallback,
 ) -> None:
-    async_add_entities([FairlaneTaskEntity(entry, "ai_task")])
+    for subentry in entry.subentries.values():
+        if subentry.subentry_type == SUBENTRY_AI_TASK:
+            async_add_entities(
+                [FairlaneTaskEntity(entry, subentry)], config_subentry_id=subentry.subentry_id
+            )
 
 
 class FairlaneTaskEntity(ai_task.AITaskEntity, FairlaneLLMEntity):
     """Generate data; `structure` is enforced by the server's JSON-schema constrained output."""
 
-    _attr_translation_key = "ai_task"
-    _attr_supported_features = ai_task.AITaskEntityFeature.GENERATE_DATA
+    _attr_name = None
+    # Attachments: text and PDF files, which the server reads; images are refused by name.
+    _attr_supported_features = (
+        ai_task.AITaskEntityFeature.GENERATE_DATA
+        | ai_task.AITaskEntityFeature.SUPPORT_ATTACHMENTS
+    )
 
     async def _async_generate_data(
         self, task: ai_task.GenDataTask, chat_log: conversation.ChatLog
     ) -> ai_task.GenDataTaskResult:
         await self._async_handle_chat_log(
             chat_log,
-            fairlane_class=task_class(self.entry.options.get(CONF_AI_TASK_CLASS, CLASS_AUTO)),
+            fairlane_class=task_class(self.subentry.data.get(CONF_AI_TASK_CLASS, CLASS_AUTO)),
             user=None,
             structure=task.structure,
         )

@@ -10,7 +10,7 @@ from homeassistant.const import EntityCategory
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
-from . import FairlaneConfigEntry
+from .coordinator import FairlaneConfigEntry
 from .entity import FairlaneEntity
 
 PARALLEL_UPDATES = 0

@@ -25,6 +25,10 @@ class FairlaneAuthError(FairlaneError):
     """The server refused the token."""
 
 
+class FairlaneProtocolError(FairlaneConnectionError):
+    """The server answered with something that is not the Fairlane API's shape."""
+
+
 class FairlaneRequestError(FairlaneError):
     """The server refused the request (4xx); the message is the server's own."""
 
@@ -43,18 +47,43 @@ class ServerInfo:
     stt_model: str | None
     wyoming_port: int | None
     tts_voice: str | None = None
+    # A UUID kept in the server's data directory (servers before 0.2 have none).
+    instance_id: str | None = None
 
     @classmethod
-    def from_health(cls, body: Mapping[str, Any]) -> ServerInfo:
-        models = body.get("models") or {}
+    def from_health(cls, body: Any) -> ServerInfo:
+        if not isinstance(body, Mapping) or not isinstance(body.get("models"), Mapping):
+            raise FairlaneProtocolError("the answer to /health is not a Fairlane server's")
+        models = body["models"]
+
+        def text(value: Any) -> str | None:
+            return str(value) if isinstance(value, str | int) and value != "" else None
+
+        port = body.get("wyoming_port")
         return cls(
             version=str(body.get("version", "0")),
             policy=str(body.get("policy", "")),
-            llm_model=str(models.get("llm") or ""),
-            stt_model=models.get("stt"),
-            wyoming_port=body.get("wyoming_port"),
-            tts_voice=models.get("tts"),
+            llm_model=text(models.get("llm")) or "",
+            stt_model=text(models.get("stt")),
+            wyoming_port=port if isinstance(port, int) else None,
+            tts_voice=text(models.get("tts")),
+            instance_id=text(body.get("instance_id")),
         )
+
+
+def parse_host(text: str) -> tuple[str, int | None]:
+    """A host as people paste it (`nas.local`, `192.168.1.5:8844`, `http://nas.local:8844/`,
+    `[fd00::5]`) → the host name and the port it named, if any. ValueError if it is not one."""
+    text = text.strip()
+    try:
+        url = URL(text if "://" in text else f"http://{text}")
+        host = url.host
+        if url.scheme != "http" or not host or url.path not in ("", "/") or url.query_string:
+            raise ValueError(text)
+        URL.build(scheme="http", host=host)  # refuses what is not a host name or address
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"not a host name or address: {text!r}") from err
+    return host, url.explicit_port
 
 
 class FairlaneClient:
@@ -103,9 +132,16 @@ class FairlaneClient:
                     data = line.removeprefix("data:").strip()
                     if data == "[DONE]":
                         return
-                    chunk = json.loads(data)
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError as err:
+                        raise FairlaneProtocolError(f"malformed stream data: {data[:80]}") from err
+                    if not isinstance(chunk, dict):
+                        raise FairlaneProtocolError(f"malformed stream data: {data[:80]}")
                     if "error" in chunk:
-                        raise FairlaneError(chunk["error"].get("message", "stream failed"))
+                        error = chunk["error"]
+                        message = error.get("message") if isinstance(error, dict) else error
+                        raise FairlaneError(str(message or "the stream failed"))
                     yield chunk
         except (aiohttp.ClientError, TimeoutError) as err:
             raise FairlaneConnectionError(f"chat stream failed: {err}") from err
@@ -134,6 +170,8 @@ class FairlaneClient:
         body = await self._json(
             "POST", "/v1/audio/transcriptions", data=form, timeout=MODEL_TIMEOUT
         )
+        if not isinstance(body.get("text"), str):
+            raise FairlaneProtocolError("the transcription has no text")
         return str(body["text"])
 
     # --- documents and summaries ----------------------------------------------------------
@@ -174,12 +212,13 @@ class FairlaneClient:
 
     async def documents(self) -> list[dict[str, Any]]:
         """Every stored document with its indexing status."""
-        return list((await self._json("GET", "/v1/documents"))["data"])
+        return _list_of_dicts(await self._json("GET", "/v1/documents"), "documents")
 
     async def search(self, query: str, top_k: int, fairlane_class: str) -> list[dict[str, Any]]:
+        """The passages that best answer `query`: document_id, title, seq, score, text."""
         body = {"query": query, "top_k": top_k, "fairlane_class": fairlane_class}
         answer = await self._json("POST", "/v1/documents/search", json=body, timeout=MODEL_TIMEOUT)
-        return list(answer["data"])
+        return _list_of_dicts(answer, "search results")
 
     async def add_summary(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self._json("POST", "/v1/summaries", json=body)
@@ -201,10 +240,21 @@ class FairlaneClient:
                 **kwargs,
             ) as response:
                 await _raise_for_status(response)
-                result: dict[str, Any] = await response.json()
-                return result
+                result = await response.json()
         except (aiohttp.ClientError, TimeoutError) as err:
             raise FairlaneConnectionError(f"{method} {path} failed: {err}") from err
+        except ValueError as err:  # a body that is not JSON
+            raise FairlaneProtocolError(f"{method} {path}: the answer is not JSON") from err
+        if not isinstance(result, dict):
+            raise FairlaneProtocolError(f"{method} {path}: the answer is not a JSON object")
+        return result
+
+
+def _list_of_dicts(answer: dict[str, Any], what: str) -> list[dict[str, Any]]:
+    data = answer.get("data")
+    if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+        raise FairlaneProtocolError(f"the server's {what} are not a list of objects")
+    return data
 
 
 async def _raise_for_status(response: aiohttp.ClientResponse) -> None:

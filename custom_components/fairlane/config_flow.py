@@ -1,4 +1,11 @@
-"""Set up a Fairlane server: by hand, from the add-on's discovery, and again on a new token."""
+"""Set up a Fairlane server (by hand, from the add-on's discovery, again on a new token or a
+new address) and its subentries: conversation agents, the AI task, speech-to-text and the
+voice.
+
+A server is known by the instance id it publishes in `/health`, not by its address: that id
+is the entry's unique id, so the same server is never set up twice, a reconfigure cannot point
+an entry at another server, and the add-on's discovery only ever updates the add-on's entry.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +15,15 @@ from typing import Any
 
 import voluptuous as vol
 from homeassistant.config_entries import (
-    ConfigEntry,
+    SOURCE_USER,
+    ConfigEntryState,
     ConfigFlow,
     ConfigFlowResult,
-    OptionsFlowWithReload,
+    ConfigSubentryData,
+    ConfigSubentryFlow,
+    SubentryFlowResult,
 )
-from homeassistant.const import CONF_HOST, CONF_LLM_HASS_API, CONF_PORT, CONF_TOKEN
+from homeassistant.const import CONF_HOST, CONF_LLM_HASS_API, CONF_NAME, CONF_PORT, CONF_TOKEN
 from homeassistant.core import callback
 from homeassistant.helpers import llm
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
@@ -32,23 +42,34 @@ from homeassistant.helpers.selector import (
 )
 from homeassistant.helpers.service_info.hassio import HassioServiceInfo
 
-from .client import FairlaneAuthError, FairlaneClient, FairlaneError, ServerInfo
+from . import default_subentries
+from .client import FairlaneAuthError, FairlaneClient, FairlaneError, ServerInfo, parse_host
 from .const import (
     CLASS_AUTO,
     CLASSES,
+    CONF_ADDON_SLUG,
     CONF_AI_TASK_CLASS,
     CONF_CHAT_CLASS,
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
     CONF_PROMPT,
     CONF_TEMPERATURE,
+    DEFAULT_AI_TASK_NAME,
+    DEFAULT_CONVERSATION_NAME,
     DEFAULT_MAX_HISTORY,
     DEFAULT_MAX_TOKENS,
     DEFAULT_NAME,
     DEFAULT_PORT,
+    DEFAULT_STT_NAME,
     DEFAULT_TEMPERATURE,
+    DEFAULT_TTS_NAME,
     DOMAIN,
+    SUBENTRY_AI_TASK,
+    SUBENTRY_CONVERSATION,
+    SUBENTRY_STT,
+    SUBENTRY_TTS,
 )
+from .coordinator import FairlaneConfigEntry
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -65,8 +86,8 @@ def _server_schema(host: str = "", port: int = DEFAULT_PORT) -> vol.Schema:
     )
 
 
-# A new entry talks to Assist: the household's devices are what it is for.
-DEFAULT_OPTIONS: dict[str, Any] = {
+# A new agent talks to Assist: the household's devices are what it is for.
+DEFAULT_AGENT_OPTIONS: dict[str, Any] = {
     CONF_LLM_HASS_API: [llm.LLM_API_ASSIST],
     CONF_PROMPT: llm.DEFAULT_INSTRUCTIONS_PROMPT,
 }
@@ -75,7 +96,8 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
     """Host, port and token, tested before anything is stored."""
 
-    VERSION = 1
+    VERSION = 2
+    MINOR_VERSION = 1
 
     def __init__(self) -> None:
         self._discovered: dict[str, Any] = {}
@@ -96,24 +118,51 @@ class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
             return None, {"base": "unknown"}
         return info, {}
 
+    async def _server_form(
+        self, user_input: dict[str, Any] | None
+    ) -> tuple[dict[str, Any] | None, ServerInfo | None, dict[str, str]]:
+        """Read and check the host form: the data to store and the server, or the errors."""
+        if user_input is None:
+            return None, None, {}
+        try:
+            host, port = parse_host(user_input[CONF_HOST])
+        except ValueError:
+            return None, None, {CONF_HOST: "invalid_host"}
+        data = {**user_input, CONF_HOST: host, CONF_PORT: port or user_input[CONF_PORT]}
+        info, errors = await self._validate(data)
+        return (data, info, errors) if not errors else (None, None, errors)
+
     async def async_step_user(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
-        errors: dict[str, str] = {}
-        if user_input is not None:
-            self._async_abort_entries_match(
-                {CONF_HOST: user_input[CONF_HOST], CONF_PORT: user_input[CONF_PORT]}
-            )
-            _, errors = await self._validate(user_input)
-            if not errors:
-                return self.async_create_entry(
-                    title=f"{DEFAULT_NAME} ({user_input[CONF_HOST]})",
-                    data=user_input,
-                    options=DEFAULT_OPTIONS,
+        data, info, errors = await self._server_form(user_input)
+        if data is not None and info is not None:
+            if info.instance_id:
+                await self.async_set_unique_id(info.instance_id)
+                # The same server at a new address: that entry follows it.
+                self._abort_if_unique_id_configured(
+                    updates={CONF_HOST: data[CONF_HOST], CONF_PORT: data[CONF_PORT]}
                 )
+            self._async_abort_entries_match(
+                {CONF_HOST: data[CONF_HOST], CONF_PORT: data[CONF_PORT]}
+            )
+            return self._create(f"{DEFAULT_NAME} ({data[CONF_HOST]})", data, info)
         return self.async_show_form(
             step_id="user",
             data_schema=self.add_suggested_values_to_schema(_server_schema(), user_input or {}),
             errors=errors,
         )
+
+    def _create(self, title: str, data: dict[str, Any], info: ServerInfo) -> ConfigFlowResult:
+        """The entry with a conversation agent (with Assist), the AI task and, where the server
+        has them, speech-to-text and the voice."""
+        subentries = [
+            ConfigSubentryData(data=options, subentry_type=kind, title=name, unique_id=None)
+            for kind, name, options in default_subentries(
+                DEFAULT_AGENT_OPTIONS,
+                stt=info.stt_model is not None,
+                tts=info.tts_voice is not None,
+            )
+        ]
+        return self.async_create_entry(title=title, data=data, subentries=subentries)
 
     async def async_step_hassio(self, discovery_info: HassioServiceInfo) -> ConfigFlowResult:
         """The add-on announced itself (host, port and the token it generated)."""
@@ -122,8 +171,21 @@ class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
             CONF_HOST: config["host"],
             CONF_PORT: int(config["port"]),
             CONF_TOKEN: config.get("token"),
+            CONF_ADDON_SLUG: discovery_info.slug,
         }
-        await self.async_set_unique_id(discovery_info.uuid)
+        client = FairlaneClient(
+            async_get_clientsession(self.hass),
+            self._discovered[CONF_HOST],
+            self._discovered[CONF_PORT],
+            self._discovered[CONF_TOKEN],
+        )
+        try:
+            info = await client.health()
+        except FairlaneError:
+            return self.async_abort(reason="cannot_connect")
+        # Known by the server's id: only the add-on's own entry is updated, never an entry
+        # that was reconfigured to another server.
+        await self.async_set_unique_id(info.instance_id or discovery_info.uuid)
         self._abort_if_unique_id_configured(updates=self._discovered)
         self.context["title_placeholders"] = {"name": discovery_info.name}
         return await self.async_step_hassio_confirm()
@@ -133,11 +195,9 @@ class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
     ) -> ConfigFlowResult:
         errors: dict[str, str] = {}
         if user_input is not None:
-            _, errors = await self._validate(self._discovered)
-            if not errors:
-                return self.async_create_entry(
-                    title=f"{DEFAULT_NAME} (add-on)", data=self._discovered, options=DEFAULT_OPTIONS
-                )
+            info, errors = await self._validate(self._discovered)
+            if info is not None:
+                return self._create(f"{DEFAULT_NAME} (add-on)", self._discovered, info)
         return self.async_show_form(step_id="hassio_confirm", errors=errors)
 
     async def async_step_reauth(self, entry_data: Mapping[str, Any]) -> ConfigFlowResult:
@@ -151,8 +211,9 @@ class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
         errors: dict[str, str] = {}
         if user_input is not None:
             data = {**entry.data, CONF_TOKEN: user_input[CONF_TOKEN]}
-            _, errors = await self._validate(data)
-            if not errors:
+            info, errors = await self._validate(data)
+            if info is not None:
+                await self._same_server(info)
                 return self.async_update_reload_and_abort(entry, data=data)
         return self.async_show_form(
             step_id="reauth_confirm",
@@ -164,12 +225,12 @@ class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
     async def async_step_reconfigure(
         self, user_input: dict[str, Any] | None = None
     ) -> ConfigFlowResult:
+        """A new address or token for the same server (another server is refused)."""
         entry = self._get_reconfigure_entry()
-        errors: dict[str, str] = {}
-        if user_input is not None:
-            _, errors = await self._validate(user_input)
-            if not errors:
-                return self.async_update_reload_and_abort(entry, data=user_input)
+        data, info, errors = await self._server_form(user_input)
+        if data is not None and info is not None:
+            await self._same_server(info)
+            return self.async_update_reload_and_abort(entry, data={**entry.data, **data})
         schema = _server_schema(entry.data[CONF_HOST], entry.data[CONF_PORT])
         return self.async_show_form(
             step_id="reconfigure",
@@ -177,52 +238,158 @@ class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
             errors=errors,
         )
 
-    @staticmethod
+    async def _same_server(self, info: ServerInfo) -> None:
+        """Abort when the server found is not the entry's (an entry without an id yet, from
+        before servers had one, takes this one's)."""
+        entry = (
+            self._get_reauth_entry() if self.source == "reauth" else self._get_reconfigure_entry()
+        )
+        if info.instance_id is None or entry.unique_id is None:
+            return
+        await self.async_set_unique_id(info.instance_id)
+        self._abort_if_unique_id_mismatch(reason="wrong_server")
+
+    @classmethod
     @callback
-    def async_get_options_flow(config_entry: ConfigEntry) -> FairlaneOptionsFlow:
-        return FairlaneOptionsFlow()
+    def async_get_supported_subentry_types(
+        cls, config_entry: FairlaneConfigEntry
+    ) -> dict[str, type[ConfigSubentryFlow]]:
+        return {
+            SUBENTRY_CONVERSATION: ConversationFlow,
+            SUBENTRY_AI_TASK: AITaskFlow,
+            SUBENTRY_STT: SpeechToTextFlow,
+            SUBENTRY_TTS: TextToSpeechFlow,
+        }
 
 
-class FairlaneOptionsFlow(OptionsFlowWithReload):
-    """The conversation agent and the AI task: prompt, Assist APIs, history, classes."""
+# --- subentries ------------------------------------------------------------------------------
 
-    async def async_step_init(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
+
+def _lane_selector() -> SelectSelector:
+    return SelectSelector(
+        SelectSelectorConfig(
+            options=[CLASS_AUTO, *CLASSES],
+            mode=SelectSelectorMode.DROPDOWN,
+            translation_key="lane",
+        )
+    )
+
+
+def _reply_fields() -> dict[vol.Marker, Any]:
+    return {
+        vol.Optional(CONF_MAX_TOKENS, default=DEFAULT_MAX_TOKENS): NumberSelector(
+            NumberSelectorConfig(min=16, max=4096, mode=NumberSelectorMode.BOX)
+        ),
+        vol.Optional(CONF_TEMPERATURE, default=DEFAULT_TEMPERATURE): NumberSelector(
+            NumberSelectorConfig(min=0, max=2, step=0.05, mode=NumberSelectorMode.BOX)
+        ),
+    }
+
+
+class _FairlaneSubentryFlow(ConfigSubentryFlow):
+    """Add or change one subentry: a name (when new) and the settings of its kind."""
+
+    default_title = DEFAULT_NAME
+    # Speech-to-text and the voice are the server's: one of each is all there is to have.
+    single = False
+
+    def _fields(self) -> dict[vol.Marker, Any]:
+        return {}
+
+    def _clean(self, user_input: dict[str, Any]) -> dict[str, Any]:
+        return user_input
+
+    def _available(self) -> str | None:
+        """Why this kind cannot be added to this server now, or None."""
+        entry = self._get_entry()
+        if entry.state is not ConfigEntryState.LOADED:
+            return "entry_not_loaded"
+        if (
+            self.single
+            and self.source == SOURCE_USER
+            and any(sub.subentry_type == self._subentry_type for sub in entry.subentries.values())
+        ):
+            return "already_configured"
+        return None
+
+    async def async_step_user(self, user_input: dict[str, Any] | None = None) -> SubentryFlowResult:
+        if (reason := self._available()) is not None:
+            return self.async_abort(reason=reason)
         if user_input is not None:
-            if not user_input.get(CONF_LLM_HASS_API):
-                user_input.pop(CONF_LLM_HASS_API, None)
-            return self.async_create_entry(data=user_input)
+            title = user_input.pop(CONF_NAME)
+            return self.async_create_entry(title=title, data=self._clean(user_input))
+        schema = vol.Schema(
+            {vol.Required(CONF_NAME, default=self.default_title): str, **self._fields()}
+        )
+        return self.async_show_form(step_id="user", data_schema=schema)
+
+    async def async_step_reconfigure(
+        self, user_input: dict[str, Any] | None = None
+    ) -> SubentryFlowResult:
+        subentry = self._get_reconfigure_subentry()
+        if user_input is not None:
+            return self.async_update_and_abort(
+                self._get_entry(), subentry, data=self._clean(user_input)
+            )
+        schema = self.add_suggested_values_to_schema(vol.Schema(self._fields()), subentry.data)
+        return self.async_show_form(step_id="reconfigure", data_schema=schema)
+
+
+class ConversationFlow(_FairlaneSubentryFlow):
+    """A conversation agent: its prompt, the LLM APIs it may use, history, reply, lane."""
+
+    default_title = DEFAULT_CONVERSATION_NAME
+
+    def _fields(self) -> dict[vol.Marker, Any]:
         apis = [
             SelectOptionDict(label=api.name, value=api.id) for api in llm.async_get_apis(self.hass)
         ]
-        classes = [CLASS_AUTO, *CLASSES]
-        schema = vol.Schema(
-            {
-                vol.Optional(CONF_PROMPT): TemplateSelector(),
-                vol.Optional(CONF_LLM_HASS_API): SelectSelector(
-                    SelectSelectorConfig(options=apis, multiple=True)
-                ),
-                vol.Optional(CONF_MAX_HISTORY, default=DEFAULT_MAX_HISTORY): NumberSelector(
-                    NumberSelectorConfig(min=0, max=100, mode=NumberSelectorMode.BOX)
-                ),
-                vol.Optional(CONF_MAX_TOKENS, default=DEFAULT_MAX_TOKENS): NumberSelector(
-                    NumberSelectorConfig(min=16, max=4096, mode=NumberSelectorMode.BOX)
-                ),
-                vol.Optional(CONF_TEMPERATURE, default=DEFAULT_TEMPERATURE): NumberSelector(
-                    NumberSelectorConfig(min=0, max=2, step=0.05, mode=NumberSelectorMode.BOX)
-                ),
-                vol.Optional(CONF_CHAT_CLASS, default=CLASS_AUTO): SelectSelector(
-                    SelectSelectorConfig(
-                        options=classes, mode=SelectSelectorMode.DROPDOWN, translation_key="lane"
-                    )
-                ),
-                vol.Optional(CONF_AI_TASK_CLASS, default=CLASS_AUTO): SelectSelector(
-                    SelectSelectorConfig(
-                        options=classes, mode=SelectSelectorMode.DROPDOWN, translation_key="lane"
-                    )
-                ),
-            }
-        )
-        return self.async_show_form(
-            step_id="init",
-            data_schema=self.add_suggested_values_to_schema(schema, self.config_entry.options),
-        )
+        return {
+            vol.Optional(CONF_PROMPT, default=llm.DEFAULT_INSTRUCTIONS_PROMPT): TemplateSelector(),
+            vol.Optional(CONF_LLM_HASS_API): SelectSelector(
+                SelectSelectorConfig(options=apis, multiple=True)
+            ),
+            vol.Optional(CONF_MAX_HISTORY, default=DEFAULT_MAX_HISTORY): NumberSelector(
+                NumberSelectorConfig(min=0, max=100, mode=NumberSelectorMode.BOX)
+            ),
+            **_reply_fields(),
+            vol.Optional(CONF_CHAT_CLASS, default=CLASS_AUTO): _lane_selector(),
+        }
+
+    def _clean(self, user_input: dict[str, Any]) -> dict[str, Any]:
+        """No API selected: the agent only talks (the key is left out, as core's agents do)."""
+        if not user_input.get(CONF_LLM_HASS_API):
+            user_input.pop(CONF_LLM_HASS_API, None)
+        return user_input
+
+
+class AITaskFlow(_FairlaneSubentryFlow):
+    default_title = DEFAULT_AI_TASK_NAME
+
+    def _fields(self) -> dict[vol.Marker, Any]:
+        return {
+            **_reply_fields(),
+            vol.Optional(CONF_AI_TASK_CLASS, default=CLASS_AUTO): _lane_selector(),
+        }
+
+
+class SpeechToTextFlow(_FairlaneSubentryFlow):
+    default_title = DEFAULT_STT_NAME
+    single = True
+
+    def _available(self) -> str | None:
+        entry: FairlaneConfigEntry = self._get_entry()
+        if entry.state is ConfigEntryState.LOADED and not entry.runtime_data.info.stt_model:
+            return "no_stt"
+        return super()._available()
+
+
+class TextToSpeechFlow(_FairlaneSubentryFlow):
+    default_title = DEFAULT_TTS_NAME
+    single = True
+
+    def _available(self) -> str | None:
+        entry: FairlaneConfigEntry = self._get_entry()
+        if entry.state is ConfigEntryState.LOADED and not entry.runtime_data.info.tts_voice:
+            return "no_tts"
+        return super()._available()

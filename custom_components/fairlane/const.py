@@ -15,7 +15,26 @@ SCAN_INTERVAL: Final = timedelta(seconds=10)
 REQUEST_TIMEOUT: Final = 10  # seconds, for everything but model work
 MODEL_TIMEOUT: Final = 300  # seconds, for a chat turn, a transcription or a search
 
-# Options of the conversation agent and the AI task entity.
+# Entry data besides host, port and token.
+CONF_ADDON_SLUG: Final = "addon_slug"  # set when the entry came from the add-on's discovery
+
+# The kinds of subentry: each is an entity with its own device, and there may be several
+# conversation agents (say, one with Assist and one for the children without it).
+SUBENTRY_CONVERSATION: Final = "conversation"
+SUBENTRY_AI_TASK: Final = "ai_task_data"
+SUBENTRY_STT: Final = "stt"
+SUBENTRY_TTS: Final = "tts"
+DEFAULT_CONVERSATION_NAME: Final = "Fairlane"
+DEFAULT_AI_TASK_NAME: Final = "Fairlane AI task"
+DEFAULT_STT_NAME: Final = "Fairlane speech-to-text"
+DEFAULT_TTS_NAME: Final = "Fairlane text-to-speech"
+
+# The LLM API that lets an agent search the household documents.
+DOCUMENTS_API_ID: Final = "fairlane_documents"
+DOCUMENTS_API_NAME: Final = "Household documents"
+DOCUMENTS_TOP_K: Final = 3
+
+# Settings of a conversation or AI task subentry.
 CONF_PROMPT: Final = "prompt"
 CONF_MAX_HISTORY: Final = "max_history"
 CONF_CHAT_CLASS: Final = "chat_class"
@@ -47,6 +66,10 @@ DOCUMENT_TYPES: Final = {
 }
 
 EVENT_SUMMARY_DONE: Final = f"{DOMAIN}_summary_done"
+SUMMARY_POLL_S: Final = 2.0
+# How long Home Assistant waits for a summary before it stops asking (the job stays on the
+# server, and its result can still be read there).
+SUMMARY_DEADLINE_S: Final = 3600.0
 
 # Whisper's languages (the multilingual models); an English-only model reports just "en".
 WHISPER_LANGUAGES: Final = (

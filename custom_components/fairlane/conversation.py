@@ -6,12 +6,13 @@ from typing import Literal
 
 from homeassistant.components import conversation
 from homeassistant.components.conversation.models import AbstractConversationAgent
+from homeassistant.config_entries import ConfigSubentry
 from homeassistant.const import CONF_LLM_HASS_API, MATCH_ALL
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
-from . import FairlaneConfigEntry
-from .const import CLASS_AUTO, CONF_CHAT_CLASS, CONF_PROMPT, DOMAIN
+from .const import CLASS_AUTO, CONF_CHAT_CLASS, CONF_PROMPT, DOMAIN, SUBENTRY_CONVERSATION
+from .coordinator import FairlaneConfigEntry
 from .entity import FairlaneLLMEntity
 
 PARALLEL_UPDATES = 0
@@ -22,7 +23,13 @@ async def async_setup_entry(
     entry: FairlaneConfigEntry,
     async_add_entities: AddConfigEntryEntitiesCallback,
 ) -> None:
-    async_add_entities([FairlaneConversationEntity(entry, "conversation")])
+    """One agent per conversation subentry, each on its own device."""
+    for subentry in entry.subentries.values():
+        if subentry.subentry_type == SUBENTRY_CONVERSATION:
+            async_add_entities(
+                [FairlaneConversationEntity(entry, subentry)],
+                config_subentry_id=subentry.subentry_id,
+            )
 
 
 class FairlaneConversationEntity(
@@ -33,27 +40,20 @@ class FairlaneConversationEntity(
     _attr_name = None
     _attr_supports_streaming = True
 
-    def __init__(self, entry: FairlaneConfigEntry, key: str) -> None:
-        super().__init__(entry, key)
-        if entry.options.get(CONF_LLM_HASS_API):
+    def __init__(self, entry: FairlaneConfigEntry, subentry: ConfigSubentry) -> None:
+        super().__init__(entry, subentry)
+        if subentry.data.get(CONF_LLM_HASS_API):
             self._attr_supported_features = conversation.ConversationEntityFeature.CONTROL
 
     @property
     def supported_languages(self) -> list[str] | Literal["*"]:
         return MATCH_ALL
 
-    async def async_added_to_hass(self) -> None:
-        await super().async_added_to_hass()
-        conversation.async_set_agent(self.hass, self.entry, self)
-
-    async def async_will_remove_from_hass(self) -> None:
-        conversation.async_unset_agent(self.hass, self.entry)
-        await super().async_will_remove_from_hass()
 
     async def _async_handle_message(
         self, user_input: conversation.ConversationInput, chat_log: conversation.ChatLog
     ) -> conversation.ConversationResult:
-        options = self.entry.options
+        options = self.subentry.data
         try:
             await chat_log.async_provide_llm_data(
                 user_input.as_llm_context(DOMAIN),

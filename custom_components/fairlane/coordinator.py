@@ -1,8 +1,9 @@
-"""The coordinator that polls the server's `/v1/stats` for the sensors."""
+"""The coordinator that polls the server's `/v1/stats` for the sensors, and the entry's data."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from homeassistant.config_entries import ConfigEntry
@@ -10,18 +11,32 @@ from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import ConfigEntryAuthFailed
 from homeassistant.helpers.update_coordinator import DataUpdateCoordinator, UpdateFailed
 
-from .client import FairlaneAuthError, FairlaneClient, FairlaneError
+from .client import FairlaneAuthError, FairlaneClient, FairlaneError, ServerInfo
 from .const import DOMAIN, SCAN_INTERVAL
 
 _LOGGER = logging.getLogger(__name__)
 
 
+@dataclass
+class FairlaneData:
+    """What a loaded entry holds: the client, the server's identity and the stats."""
+
+    client: FairlaneClient
+    info: ServerInfo
+    coordinator: FairlaneCoordinator
+
+
+type FairlaneConfigEntry = ConfigEntry[FairlaneData]
+
+
 class FairlaneCoordinator(DataUpdateCoordinator[dict[str, Any]]):
     """Polls `/v1/stats`; client errors become coordinator errors here and nowhere else."""
 
-    config_entry: ConfigEntry
+    config_entry: FairlaneConfigEntry
 
-    def __init__(self, hass: HomeAssistant, entry: ConfigEntry, client: FairlaneClient) -> None:
+    def __init__(
+        self, hass: HomeAssistant, entry: FairlaneConfigEntry, client: FairlaneClient
+    ) -> None:
         super().__init__(
             hass,
             _LOGGER,

@@ -1,4 +1,5 @@
-"""Diagnostics: the entry (token redacted), what the server says about itself, its stats."""
+"""Diagnostics: the entry and its subentries (token redacted), what the server says about
+itself, its stats."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from homeassistant.components.diagnostics import async_redact_data
 from homeassistant.const import CONF_TOKEN
 from homeassistant.core import HomeAssistant
 
-from . import FairlaneConfigEntry
+from .coordinator import FairlaneConfigEntry
 
 TO_REDACT = {CONF_TOKEN}
 
@@ -21,7 +22,10 @@ async def async_get_config_entry_diagnostics(
     return {
         "entry": {
             "data": async_redact_data(dict(entry.data), TO_REDACT),
-            "options": dict(entry.options),
+            "subentries": [
+                {"type": sub.subentry_type, "title": sub.title, "data": dict(sub.data)}
+                for sub in entry.subentries.values()
+            ],
         },
         "server": asdict(data.info),
         "stats": data.coordinator.data,

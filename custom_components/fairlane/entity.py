@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -10,6 +11,7 @@ from typing import Any
 
 import voluptuous as vol
 from homeassistant.components import conversation
+from homeassistant.config_entries import ConfigSubentry
 from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import device_registry as dr
@@ -17,11 +19,10 @@ from homeassistant.helpers import llm
 from homeassistant.helpers.entity import Entity
 from homeassistant.helpers.json import json_dumps
 from homeassistant.helpers.update_coordinator import CoordinatorEntity
-from voluptuous_openapi import convert
 
-from . import FairlaneConfigEntry
-from .client import FairlaneError, FairlaneRequestError
+from .client import FairlaneError, FairlaneProtocolError, FairlaneRequestError
 from .const import (
+    CONF_ADDON_SLUG,
     CONF_MAX_HISTORY,
     CONF_MAX_TOKENS,
     CONF_TEMPERATURE,
@@ -32,15 +33,19 @@ from .const import (
     DOMAIN,
     MAX_TOOL_ITERATIONS,
 )
-from .coordinator import FairlaneCoordinator
+from .coordinator import FairlaneConfigEntry, FairlaneCoordinator
+from .schema import to_json_schema
 from .tool_args import repair_args
 
 _LOGGER = logging.getLogger(__name__)
 
 
 def device_info(entry: FairlaneConfigEntry) -> dr.DeviceInfo:
-    """The one device every Fairlane entity belongs to: the server."""
+    """The server's device: the sensors belong to it, and each subentry's device is linked
+    to it. Its link opens the add-on's page for add-on users (the dashboard is the add-on's
+    panel there), else the server's dashboard."""
     data = entry.runtime_data
+    slug = entry.data.get(CONF_ADDON_SLUG)
     return dr.DeviceInfo(
         identifiers={(DOMAIN, entry.entry_id)},
         name=DEFAULT_NAME,
@@ -48,7 +53,24 @@ def device_info(entry: FairlaneConfigEntry) -> dr.DeviceInfo:
         model=data.info.llm_model or None,
         sw_version=data.info.version,
         entry_type=dr.DeviceEntryType.SERVICE,
-        configuration_url=str(data.client.base),
+        configuration_url=f"homeassistant://hassio/addon/{slug}/info"
+        if slug
+        else str(data.client.base),
+    )
+
+
+def subentry_device_info(
+    entry: FairlaneConfigEntry, subentry: ConfigSubentry, model: str | None
+) -> dr.DeviceInfo:
+    """A subentry's own device (an agent, the AI task, the voice), served by the server."""
+    return dr.DeviceInfo(
+        identifiers={(DOMAIN, subentry.subentry_id)},
+        name=subentry.title,
+        manufacturer=DEFAULT_NAME,
+        model=model or None,
+        sw_version=entry.runtime_data.info.version,
+        entry_type=dr.DeviceEntryType.SERVICE,
+        via_device=(DOMAIN, entry.entry_id),
     )
 
 
@@ -63,15 +85,25 @@ class FairlaneEntity(CoordinatorEntity[FairlaneCoordinator]):
         self._attr_device_info = device_info(entry)
 
 
-class FairlaneLLMEntity(Entity):
-    """An entity that talks to the server's LLM: the conversation agent and the AI task."""
+class FairlaneSubentryEntity(Entity):
+    """An entity of one subentry: its unique id is the subentry's, on the subentry's device."""
 
     _attr_has_entity_name = True
 
-    def __init__(self, entry: FairlaneConfigEntry, key: str) -> None:
+    def __init__(
+        self, entry: FairlaneConfigEntry, subentry: ConfigSubentry, model: str | None
+    ) -> None:
         self.entry = entry
-        self._attr_unique_id = f"{entry.entry_id}_{key}"
-        self._attr_device_info = device_info(entry)
+        self.subentry = subentry
+        self._attr_unique_id = subentry.subentry_id
+        self._attr_device_info = subentry_device_info(entry, subentry, model)
+
+
+class FairlaneLLMEntity(FairlaneSubentryEntity):
+    """An entity that talks to the server's LLM: a conversation agent or the AI task."""
+
+    def __init__(self, entry: FairlaneConfigEntry, subentry: ConfigSubentry) -> None:
+        super().__init__(entry, subentry, entry.runtime_data.info.llm_model)
 
     async def _async_handle_chat_log(
         self,
@@ -82,13 +114,15 @@ class FairlaneLLMEntity(Entity):
         structure: vol.Schema | None = None,
     ) -> None:
         """Run the model over the chat log, calling Assist tools until it answers (bounded)."""
-        options = self.entry.options
+        options = self.subentry.data
         tools: list[dict[str, Any]] | None = None
+        intent_tools: set[str] = set()
         if chat_log.llm_api:
             tools = [
                 _format_tool(tool, chat_log.llm_api.custom_serializer)
                 for tool in chat_log.llm_api.tools
             ]
+            intent_tools = {tool.name for tool in chat_log.llm_api.tools if _is_intent(tool)}
         body: dict[str, Any] = {
             "model": self.entry.runtime_data.info.llm_model,
             "max_tokens": int(options.get(CONF_MAX_TOKENS, DEFAULT_MAX_TOKENS)),
@@ -98,17 +132,25 @@ class FairlaneLLMEntity(Entity):
         }
         if structure is not None:
             serializer = chat_log.llm_api.custom_serializer if chat_log.llm_api else None
-            schema = convert(structure, custom_serializer=serializer or llm.selector_serializer)
+            schema = to_json_schema(structure, serializer or llm.selector_serializer)
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "result", "schema": schema},
             }
         max_history = int(options.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
+        attached: list[dict[str, Any]] = []
+        last = chat_log.content[-1]
+        if isinstance(last, conversation.UserContent) and last.attachments:
+            attached = await self.hass.async_add_executor_job(
+                attachment_parts, last.attachments, str(body["model"])
+            )
 
         for round_ in range(MAX_TOOL_ITERATIONS):
             messages = stable_first(
                 _trim_history([_message(content) for content in chat_log.content], max_history)
             )
+            if attached:
+                _attach(messages, attached)
             request = {**body, "messages": messages}
             # The last round offers no tools, so the turn ends in words, not a tool result.
             if tools and round_ < MAX_TOOL_ITERATIONS - 1:
@@ -116,7 +158,7 @@ class FairlaneLLMEntity(Entity):
             stream = self.entry.runtime_data.client.chat_stream(request)
             try:
                 async for _content in chat_log.async_add_delta_content_stream(
-                    self.entity_id, _deltas(self.hass, stream)
+                    self.entity_id, _deltas(self.hass, stream, intent_tools)
                 ):
                     pass
             except FairlaneRequestError as err:
@@ -139,7 +181,7 @@ def _format_tool(tool: llm.Tool, serializer: Callable[[Any], Any] | None) -> dic
     """An Assist tool in OpenAI's `tools` shape."""
     function: dict[str, Any] = {
         "name": tool.name,
-        "parameters": convert(tool.parameters, custom_serializer=serializer),
+        "parameters": to_json_schema(tool.parameters, serializer),
     }
     if tool.description:
         function["description"] = tool.description
@@ -195,11 +237,67 @@ def stable_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _tool_result(content: conversation.ToolResultContent) -> Any:
-    """The tool's answer: `result` on current releases; `tool_result` before (and, on current
-    releases, a deprecated alias that goes in 2027.11)."""
-    if (result := getattr(content, "result", None)) is not None:
-        return result
-    return content.tool_result
+    """The tool's answer. Current releases hold it in `result`, an object with `data` and
+    `error` (sent as core's own OpenAI-style agents send it); releases before have only
+    `tool_result`, which current ones keep as a deprecated alias until 2027.11."""
+    result = getattr(content, "result", None)
+    if result is None:
+        return content.tool_result
+    if hasattr(result, "data"):
+        return {"data": result.data, "error": getattr(result, "error", None)}
+    return result
+
+
+# What the server reads out of a file part (it extracts the text, as for documents).
+TEXT_TYPES = ("text/plain", "text/markdown", "text/html", "application/pdf")
+
+
+def attachment_parts(
+    attachments: list[conversation.Attachment], model: str
+) -> list[dict[str, Any]]:
+    """Text and PDF attachments as OpenAI `file` parts, for the server to read (in the
+    executor: it reads the files). An image or another kind is refused with what the model
+    reads; the model sees no pixels, so it must not pretend to."""
+    parts: list[dict[str, Any]] = []
+    for attachment in attachments:
+        mime = attachment.mime_type.split(";")[0].strip().lower()
+        if mime not in TEXT_TYPES:
+            raise HomeAssistantError(
+                translation_domain=DOMAIN,
+                translation_key="attachment_not_supported",
+                translation_placeholders={
+                    "name": attachment.path.name,
+                    "type": mime,
+                    "model": model,
+                },
+            )
+        data = base64.b64encode(attachment.path.read_bytes()).decode()
+        parts.append(
+            {
+                "type": "file",
+                "file": {
+                    "filename": attachment.path.name,
+                    "file_data": f"data:{mime};base64,{data}",
+                },
+            }
+        )
+    return parts
+
+
+def _attach(messages: list[dict[str, Any]], parts: list[dict[str, Any]]) -> None:
+    """The attachments go with the newest user message, after its text."""
+    for message in reversed(messages):
+        if message["role"] == "user":
+            text = str(message.get("content") or "")
+            message["content"] = [{"type": "text", "text": text}, *parts]
+            return
+
+
+def _is_intent(tool: llm.Tool) -> bool:
+    """An Assist intent tool, also when several APIs are merged and it is namespaced."""
+    while isinstance(tool, llm.NamespacedTool):
+        tool = tool.tool
+    return isinstance(tool, llm.IntentTool)
 
 
 def _trim_history(messages: list[dict[str, Any]], max_turns: int) -> list[dict[str, Any]]:
@@ -215,39 +313,52 @@ def _trim_history(messages: list[dict[str, Any]], max_turns: int) -> list[dict[s
 
 
 async def _deltas(
-    hass: HomeAssistant, chunks: AsyncIterator[dict[str, Any]]
+    hass: HomeAssistant, chunks: AsyncIterator[dict[str, Any]], intent_tools: set[str]
 ) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
     """OpenAI stream chunks → the chat log's deltas.
 
     Text is passed on as it comes, so the voice pipeline can start speaking early. Tool calls
     arrive in pieces keyed by `index` (id and name first, then the arguments' text) and are
-    handed over whole when the model finishes, as HA runs a tool as soon as it sees it.
+    handed over whole when the model finishes, as HA runs a tool as soon as it sees it. A
+    chunk that is not in OpenAI's shape ends the turn with an error, not a traceback.
     """
     yield {"role": "assistant"}
     calls: dict[int, dict[str, str]] = {}
     async for chunk in chunks:
-        for choice in chunk.get("choices", ()):
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                yield {"content": delta["content"]}
-            for piece in delta.get("tool_calls") or ():
-                call = calls.setdefault(piece.get("index", 0), {"id": "", "name": "", "args": ""})
-                function = piece.get("function") or {}
-                call["id"] = piece.get("id") or call["id"]
-                call["name"] = function.get("name") or call["name"]
-                call["args"] += function.get("arguments") or ""
+        try:
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta") or {}
+                if content := delta.get("content"):
+                    yield {"content": str(content)}
+                for piece in delta.get("tool_calls") or ():
+                    index = int(piece.get("index", 0))
+                    call = calls.setdefault(index, {"id": "", "name": "", "args": ""})
+                    function = piece.get("function") or {}
+                    call["id"] = str(piece.get("id") or call["id"])
+                    call["name"] = str(function.get("name") or call["name"])
+                    call["args"] += str(function.get("arguments") or "")
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            raise FairlaneProtocolError(f"malformed stream chunk: {str(chunk)[:120]}") from err
     if calls:
-        yield {"tool_calls": [_tool_input(hass, call) for _, call in sorted(calls.items())]}
+        yield {
+            "tool_calls": [
+                _tool_input(hass, call, call["name"] in intent_tools)
+                for _, call in sorted(calls.items())
+            ]
+        }
 
 
-def _tool_input(hass: HomeAssistant, call: dict[str, str]) -> llm.ToolInput:
-    """A complete tool call, its arguments repaired (see `tool_args`)."""
+def _tool_input(hass: HomeAssistant, call: dict[str, str], intent: bool) -> llm.ToolInput:
+    """A complete tool call; an Assist intent's arguments repaired (see `tool_args`)."""
     try:
         args = json.loads(call["args"] or "{}")
     except json.JSONDecodeError:
         _LOGGER.warning("Tool call %s with arguments that are not JSON: %s", call["name"], call)
         args = {}
-    args = repair_args(hass, args) if isinstance(args, dict) else {}
+    if not isinstance(args, dict):
+        args = {}
+    if intent:
+        args = repair_args(hass, args)
     if call["id"]:
         return llm.ToolInput(tool_name=call["name"], tool_args=args, id=call["id"])
     return llm.ToolInput(tool_name=call["name"], tool_args=args)

@@ -16,8 +16,8 @@ from homeassistant.const import PERCENTAGE, EntityCategory, UnitOfTime
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
-from . import FairlaneConfigEntry
 from .const import CLASSES
+from .coordinator import FairlaneConfigEntry
 from .entity import FairlaneEntity
 
 PARALLEL_UPDATES = 0
@@ -62,14 +62,12 @@ def _lane_sensors(name: str) -> tuple[FairlaneSensorDescription, ...]:
             key=f"{name}_queue",
             translation_key=f"{name}_queue",
             state_class=SensorStateClass.MEASUREMENT,
-            native_unit_of_measurement="requests",
             value=lambda stats: lane(stats)["waiting"],
         ),
         FairlaneSensorDescription(
             key=f"{name}_tokens_per_s",
             translation_key=f"{name}_tokens_per_s",
             state_class=SensorStateClass.MEASUREMENT,
-            native_unit_of_measurement="tokens/s",
             suggested_display_precision=1,
             entity_category=EntityCategory.DIAGNOSTIC,
             entity_registry_enabled_default=False,
@@ -113,7 +111,6 @@ SENSORS: tuple[FairlaneSensorDescription, ...] = (
         key="background_backlog",
         translation_key="background_backlog",
         state_class=SensorStateClass.MEASUREMENT,
-        native_unit_of_measurement="chunks",
         value=_backlog,
     ),
     FairlaneSensorDescription(
@@ -130,6 +127,7 @@ SENSORS: tuple[FairlaneSensorDescription, ...] = (
         native_unit_of_measurement=PERCENTAGE,
         suggested_display_precision=0,
         entity_category=EntityCategory.DIAGNOSTIC,
+        entity_registry_enabled_default=False,
         value=lambda stats: round(100 * stats["device"]["busy"], 1),
     ),
 )
@@ -154,4 +152,10 @@ class FairlaneSensor(FairlaneEntity, SensorEntity):
 
     @property
     def native_value(self) -> float | int | None:
-        return self.entity_description.value(self.coordinator.data)
+        """The figure, or unknown when this server's stats do not have it (an older server,
+        a lane that has not served anything yet, a component that is switched off)."""
+        try:
+            value = self.entity_description.value(self.coordinator.data)
+        except (KeyError, TypeError, AttributeError, ValueError):
+            return None
+        return value if isinstance(value, int | float) else None

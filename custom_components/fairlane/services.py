@@ -15,12 +15,19 @@ from homeassistant.helpers import config_validation as cv
 from homeassistant.util.json import JsonValueType
 
 from .client import FairlaneClient, FairlaneError, FairlaneRequestError
-from .const import CLASSES, DOCUMENT_TYPES, DOMAIN, EVENT_SUMMARY_DONE
+from .const import (
+    CLASSES,
+    DOCUMENT_TYPES,
+    DOMAIN,
+    EVENT_SUMMARY_DONE,
+    SUMMARY_DEADLINE_S,
+    SUMMARY_POLL_S,
+)
+from .coordinator import FairlaneConfigEntry
 
 _LOGGER = logging.getLogger(__name__)
 
 ATTR_CONFIG_ENTRY = "config_entry_id"
-SUMMARY_POLL_S = 2.0
 MAX_FILES = 10_000
 
 INDEX_SCHEMA = vol.Schema(
@@ -78,9 +85,9 @@ def async_setup_services(hass: HomeAssistant) -> None:
     )
 
 
-def _client(call: ServiceCall) -> FairlaneClient:
-    """The client of the entry the call names, or of the only loaded entry."""
-    entries = [
+def _entry(call: ServiceCall) -> FairlaneConfigEntry:
+    """The loaded entry the call names, or the only loaded entry."""
+    entries: list[FairlaneConfigEntry] = [
         entry
         for entry in call.hass.config_entries.async_entries(DOMAIN)
         if entry.state is ConfigEntryState.LOADED
@@ -92,18 +99,41 @@ def _client(call: ServiceCall) -> FairlaneClient:
             translation_domain=DOMAIN,
             translation_key="no_entry" if not entries else "which_entry",
         )
-    client: FairlaneClient = entries[0].runtime_data.client
+    return entries[0]
+
+
+def _client(call: ServiceCall) -> FairlaneClient:
+    client: FairlaneClient = _entry(call).runtime_data.client
     return client
 
 
-def _files(root: Path) -> list[Path]:
-    """The documents under `root` (a file or a folder, walked), in a stable order."""
+class PathNotAllowed(Exception):
+    """The path asked for is outside the folders Home Assistant may read."""
+
+
+def _files(hass: HomeAssistant, path: str) -> tuple[list[Path], list[str]]:
+    """The documents under `path` (a file, or a folder walked in a stable order) that Home
+    Assistant may read, and the ones it may not: each file is checked where it really is, so a
+    link inside an allowed folder to a file outside it is refused. Blocking: in the executor."""
+    if not hass.config.is_allowed_path(path):
+        raise PathNotAllowed(path)
+    root = Path(path)
     if root.is_file():
-        return [root]
-    if not root.is_dir():
-        raise FileNotFoundError(root)
-    found = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in DOCUMENT_TYPES)
-    return found[:MAX_FILES]
+        found = [root]
+    elif root.is_dir():
+        found = sorted(
+            p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in DOCUMENT_TYPES
+        )
+    else:
+        raise FileNotFoundError(path)
+    allowed: list[Path] = []
+    outside: list[str] = []
+    for file in found[:MAX_FILES]:
+        if hass.config.is_allowed_path(str(file.resolve())):
+            allowed.append(file)
+        else:
+            outside.append(str(file))
+    return allowed, outside
 
 
 async def _index_documents(call: ServiceCall) -> ServiceResponse:
@@ -111,14 +141,14 @@ async def _index_documents(call: ServiceCall) -> ServiceResponse:
     hass = call.hass
     client = _client(call)
     path = call.data["path"]
-    if not hass.config.is_allowed_path(path):
+    try:
+        files, outside = await hass.async_add_executor_job(_files, hass, path)
+    except PathNotAllowed as err:
         raise ServiceValidationError(
             translation_domain=DOMAIN,
             translation_key="path_not_allowed",
             translation_placeholders={"path": path},
-        )
-    try:
-        files = await hass.async_add_executor_job(_files, Path(path))
+        ) from err
     except FileNotFoundError as err:
         raise ServiceValidationError(
             translation_domain=DOMAIN,
@@ -126,7 +156,10 @@ async def _index_documents(call: ServiceCall) -> ServiceResponse:
             translation_placeholders={"path": path},
         ) from err
     added: list[JsonValueType] = []
-    refused: list[JsonValueType] = []
+    refused: list[JsonValueType] = [
+        {"path": file, "error": "it links to a file outside the allowed folders"}
+        for file in outside
+    ]
     unchanged = 0
     for file in files:
         content_type = DOCUMENT_TYPES.get(file.suffix.lower(), "text/plain")
@@ -141,9 +174,9 @@ async def _index_documents(call: ServiceCall) -> ServiceResponse:
         if document.get("unchanged"):
             unchanged += 1
         else:
-            added.append(document["id"])
+            added.append(document.get("id"))
     if refused:
-        _LOGGER.warning("The server refused %d file(s): %s", len(refused), refused)
+        _LOGGER.warning("%d file(s) were not indexed: %s", len(refused), refused)
     return {"added": added, "unchanged": unchanged, "refused": refused}
 
 
@@ -158,21 +191,28 @@ async def _search_documents(call: ServiceCall) -> ServiceResponse:
 
 async def _summarize(call: ServiceCall) -> ServiceResponse:
     """Start a summary job; `fairlane_summary_done` fires when its result is stored."""
-    client = _client(call)
+    entry = _entry(call)
+    client: FairlaneClient = entry.runtime_data.client
     body = {k: v for k, v in call.data.items() if k != ATTR_CONFIG_ENTRY}
     try:
         job = await client.add_summary(body)
     except FairlaneError as err:
         raise _error(err) from err
-    call.hass.async_create_background_task(
-        _announce_summary(call.hass, client, job["id"]), f"{DOMAIN} summary {job['id']}"
+    # The entry's task: unloading the entry (or stopping Home Assistant) ends the wait.
+    entry.async_create_background_task(
+        call.hass,
+        _announce_summary(call.hass, client, job["id"]),
+        f"{DOMAIN} summary {job['id']}",
     )
     return {"id": job["id"], "status": job["status"]}
 
 
 async def _announce_summary(hass: HomeAssistant, client: FairlaneClient, summary_id: str) -> None:
-    """Wait for the job (durable on the server, so a restart there only delays it)."""
-    while True:
+    """Wait for the job (durable on the server, so a restart there only delays it), until
+    `SUMMARY_DEADLINE_S`; then the event says Home Assistant stopped waiting."""
+    summary: dict[str, Any] = {"status": "pending"}
+    deadline = hass.loop.time() + SUMMARY_DEADLINE_S
+    while hass.loop.time() < deadline:
         await asyncio.sleep(SUMMARY_POLL_S)
         try:
             summary = await client.summary(summary_id)
@@ -181,8 +221,14 @@ async def _announce_summary(hass: HomeAssistant, client: FairlaneClient, summary
             return
         except FairlaneError:
             continue  # unreachable for now; the job is stored there
-        if summary["status"] in ("done", "failed"):
+        if summary.get("status") in ("done", "failed"):
             break
+    else:
+        summary = {
+            "status": "timeout",
+            "error": f"no result after {SUMMARY_DEADLINE_S / 60:.0f} minutes; the job stays on "
+            "the server",
+        }
     event: dict[str, Any] = {
         "id": summary_id,
         "document_id": summary.get("document_id"),

@@ -11,13 +11,14 @@ from collections.abc import AsyncIterable
 from dataclasses import dataclass
 
 from homeassistant.components import stt
+from homeassistant.config_entries import ConfigSubentry
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
-from . import FairlaneConfigEntry
 from .client import FairlaneError
-from .const import WHISPER_LANGUAGES
-from .entity import device_info
+from .const import SUBENTRY_STT, WHISPER_LANGUAGES
+from .coordinator import FairlaneConfigEntry
+from .entity import FairlaneSubentryEntity
 
 _LOGGER = logging.getLogger(__name__)
 PARALLEL_UPDATES = 0
@@ -28,8 +29,13 @@ async def async_setup_entry(
     entry: FairlaneConfigEntry,
     async_add_entities: AddConfigEntryEntitiesCallback,
 ) -> None:
-    if entry.runtime_data.info.stt_model:
-        async_add_entities([FairlaneSpeechToText(entry)])
+    if not entry.runtime_data.info.stt_model:
+        return  # the server runs without speech-to-text
+    for subentry in entry.subentries.values():
+        if subentry.subentry_type == SUBENTRY_STT:
+            async_add_entities(
+                [FairlaneSpeechToText(entry, subentry)], config_subentry_id=subentry.subentry_id
+            )
 
 
 @dataclass
@@ -73,7 +79,7 @@ class Pause:
         return False
 
 
-class FairlaneSpeechToText(stt.SpeechToTextEntity):
+class FairlaneSpeechToText(stt.SpeechToTextEntity, FairlaneSubentryEntity):
     """Whisper on the Fairlane server, recognition started at the speaker's first pause.
 
     The pipeline streams audio until its VAD has heard enough silence (0.7 s by default) to
@@ -83,14 +89,11 @@ class FairlaneSpeechToText(stt.SpeechToTextEntity):
     whole utterance is sent at the end. The server transcribes complete utterances (≤ 30 s);
     on a LAN the upload of a few seconds of 16 kHz audio costs milliseconds."""
 
-    _attr_has_entity_name = True
-    _attr_translation_key = "stt"
+    _attr_name = None
 
-    def __init__(self, entry: FairlaneConfigEntry) -> None:
-        self.entry = entry
-        self._attr_unique_id = f"{entry.entry_id}_stt"
-        self._attr_device_info = device_info(entry)
+    def __init__(self, entry: FairlaneConfigEntry, subentry: ConfigSubentry) -> None:
         model = entry.runtime_data.info.stt_model or ""
+        super().__init__(entry, subentry, model)
         self._languages = ["en"] if model.endswith(".en") else list(WHISPER_LANGUAGES)
 
     @property

@@ -6,6 +6,9 @@ every optional slot it was shown: `{"name": "Kitchen light", "area": "Kitchen",
 this home makes the whole call fail. When the model named the entity, the name is what
 identifies it, so filters that cannot be right are dropped; without a name nothing is
 widened (dropping an area there could switch on every light in the house).
+
+Only Assist's intent tools get this, and only their targeting slots: a script's fields, a
+shopping list item called "None" and other APIs' tools are passed on as the model wrote them.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ from homeassistant.helpers import floor_registry as fr
 
 # What small models write for "no value".
 _EMPTY = ("", "none", "null", "n/a", "unknown")
+# The slots of Assist's intents that pick the target: the only ones repaired.
+TARGET_SLOTS = frozenset({"name", "area", "floor", "domain", "device_class"})
 
 
 def repair_args(hass: HomeAssistant, args: dict[str, Any]) -> dict[str, Any]:
-    """`args` without empty values and, when an entity is named, without impossible filters."""
-    args = {k: v for k, v in args.items() if not _empty(v)}
+    """An intent's `args` without empty target slots and, when an entity is named, without
+    target filters that cannot match."""
+    args = {k: v for k, v in args.items() if k not in TARGET_SLOTS or not _empty(v)}
     if "name" not in args:
         return args
     if isinstance(args.get("area"), str) and not _area_exists(hass, args["area"]):

@@ -18,13 +18,15 @@ from typing import Any
 
 from homeassistant.components import tts
 from homeassistant.components.tts.entity import TTSAudioRequest, TTSAudioResponse
+from homeassistant.config_entries import ConfigSubentry
 from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
-from . import FairlaneConfigEntry
 from .client import FairlaneError
-from .entity import device_info
+from .const import SUBENTRY_TTS
+from .coordinator import FairlaneConfigEntry
+from .entity import FairlaneSubentryEntity
 
 _LOGGER = logging.getLogger(__name__)
 PARALLEL_UPDATES = 0
@@ -38,8 +40,13 @@ async def async_setup_entry(
     entry: FairlaneConfigEntry,
     async_add_entities: AddConfigEntryEntitiesCallback,
 ) -> None:
-    if entry.runtime_data.info.tts_voice:
-        async_add_entities([FairlaneTextToSpeech(entry)])
+    if not entry.runtime_data.info.tts_voice:
+        return  # the server runs without a voice
+    for subentry in entry.subentries.values():
+        if subentry.subentry_type == SUBENTRY_TTS:
+            async_add_entities(
+                [FairlaneTextToSpeech(entry, subentry)], config_subentry_id=subentry.subentry_id
+            )
 
 
 def sentences(text: str) -> tuple[list[str], str]:
@@ -68,17 +75,17 @@ def streaming_header(rate: int) -> bytes:
     return buffer.getvalue()
 
 
-class FairlaneTextToSpeech(tts.TextToSpeechEntity):
+class FairlaneTextToSpeech(tts.TextToSpeechEntity, FairlaneSubentryEntity):
     """The server's Piper voice; text streamed in, audio streamed out, sentence by sentence."""
 
-    _attr_has_entity_name = True
-    _attr_translation_key = "tts"
+    # Home Assistant's TTS needs an engine name, so this entity is named by its subentry (as
+    # core's TTS entities of subentries are), not by its device.
+    _attr_has_entity_name = False
 
-    def __init__(self, entry: FairlaneConfigEntry) -> None:
-        self.entry = entry
-        self._attr_unique_id = f"{entry.entry_id}_tts"
-        self._attr_device_info = device_info(entry)
+    def __init__(self, entry: FairlaneConfigEntry, subentry: ConfigSubentry) -> None:
         voice = entry.runtime_data.info.tts_voice or ""
+        super().__init__(entry, subentry, voice)
+        self._attr_name = subentry.title
         self._voice = voice
         # "en_US-joe-medium" → "en-US", Home Assistant's spelling of the language.
         language = voice.split("-")[0].replace("_", "-") or "en-US"

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from fairlane import config
@@ -146,8 +147,13 @@ def _server_config(argv: list[str]) -> config.Config:
     return replace(cfg, server=replace(cfg.server, token=args.token or None))
 
 
+# Options the add-on's own scripts read, not the server.
+ADDON_ONLY = {"wyoming_discovery"}
+
+
 def test_every_option_maps_to_its_server_setting(tmp_path: Path) -> None:
-    assert set(MAPPING) == set(CONFIG["schema"])  # and back: no option without a setting
+    # And back: no option without a setting.
+    assert set(MAPPING) == set(CONFIG["schema"]) - ADDON_ONLY
     sample = {key: value for key, (value, _) in MAPPING.items()}
     assert all(sample[k] != CONFIG["options"][k] for k in sample)  # every value is telling
     argv, env = _run_script(tmp_path, sample)
@@ -194,6 +200,25 @@ def test_s6_services_are_complete() -> None:
     discovery = (S6 / "discovery" / "run").read_text()
     assert 'bashio::discovery "fairlane"' in discovery and "token" in discovery
     assert 'bashio::discovery "wyoming"' in discovery
+
+
+@pytest.mark.parametrize(("wyoming", "announce", "sent"), [
+    (True, False, ["fairlane"]),  # the default: the integration has the STT and the voice
+    (True, True, ["fairlane", "wyoming"]),
+    (False, True, ["fairlane"]),
+])
+def test_wyoming_is_announced_only_when_asked(tmp_path: Path, wyoming: bool, announce: bool,
+                                              sent: list[str]) -> None:
+    options = {**CONFIG["options"], "wyoming": wyoming, "wyoming_discovery": announce,
+               "token": "t"}
+    (tmp_path / "options.json").write_text(json.dumps(options))
+    stubs = (f"curl() {{ :; }}; hostname() {{ echo addon; }}; "
+             f"bashio::var.json() {{ echo '{{}}'; }}; "
+             f"bashio::discovery() {{ echo \"$1\" >> {tmp_path}/sent; }}")
+    script = f"source {ROOT}/tests/addon/bashio.sh; {stubs}; source {S6}/discovery/run"
+    env = {**os.environ, "OPTIONS": str(tmp_path / "options.json")}
+    subprocess.run(["bash", "-c", script], env=env, check=True, capture_output=True)
+    assert (tmp_path / "sent").read_text().split() == sent
 
 
 def test_dockerfiles_pass_hadolint_and_have_what_the_addon_needs() -> None:

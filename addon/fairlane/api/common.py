@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,7 +208,9 @@ async def read_form(request: web.Request) -> tuple[dict[str, str], tuple[bytes, 
                 continue
             if part.name == "file":
                 data = await part.read()
-                upload = (bytes(data), part.filename or "", part.headers.get("Content-Type", ""))
+                # aiohttp's client percent-encodes the file name (quote_fields); browsers do not.
+                filename = urllib.parse.unquote(part.filename or "")
+                upload = (bytes(data), filename, part.headers.get("Content-Type", ""))
             else:
                 fields[part.name] = (await part.text()).strip()
     except (ValueError, AssertionError, ClientPayloadError) as err:

@@ -1,0 +1,86 @@
+"""The household documents as an LLM API: a tool the agent calls to search the server's index.
+
+Selectable in a conversation agent's settings next to Assist. The model gets one tool,
+`search_household_documents(query)`, which returns the best passages with the titles of the
+documents they come from; the prompt tells it to answer from them and to say which document
+it used. The search runs in the voice lane when the turn came from a voice device, else in
+the chat lane: a person is waiting for it either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import voluptuous as vol
+from homeassistant.core import HomeAssistant
+from homeassistant.exceptions import HomeAssistantError
+from homeassistant.helpers import llm
+from homeassistant.util.json import JsonObjectType
+
+from .client import FairlaneClient, FairlaneError
+from .const import DOCUMENTS_API_ID, DOCUMENTS_API_NAME, DOCUMENTS_TOP_K, DOMAIN
+
+PROMPT = (
+    "You know nothing about this household's things (appliances, warranties, manuals, "
+    "contracts, school letters, appointments) except what its documents say. For any "
+    "question about them, first call search_household_documents with a short query, then "
+    "answer only from the passages it returns and name the document. If the passages do not "
+    "answer the question, say that the documents do not say."
+)
+
+
+class SearchDocumentsTool(llm.Tool):
+    """Search the household documents indexed on the Fairlane server."""
+
+    name = "search_household_documents"
+    description = (
+        "Search the household's documents (manuals, warranties, letters, notes) and return the "
+        "passages that best answer the query, with the title of each document."
+    )
+    parameters = vol.Schema(
+        {vol.Required("query", description="What to look for, in a few words"): str}
+    )
+
+    def __init__(self, clients: list[FairlaneClient]) -> None:
+        self.clients = clients
+
+    async def async_call(
+        self, hass: HomeAssistant, tool_input: llm.ToolInput, llm_context: llm.LLMContext
+    ) -> JsonObjectType:
+        query = str(tool_input.tool_args.get("query") or "").strip()
+        if not query:
+            return {"error": "give a query: what to look for"}
+        lane = "voice" if llm_context.device_id else "chat"
+        hits: list[dict[str, Any]] = []
+        for client in self.clients:  # usually one server
+            try:
+                hits += await client.search(query, DOCUMENTS_TOP_K, lane)
+            except FairlaneError as err:
+                raise HomeAssistantError(f"The document search failed: {err}") from err
+        hits.sort(key=lambda hit: -float(hit.get("score") or 0.0))
+        hits = hits[:DOCUMENTS_TOP_K]
+        results: list[Any] = [
+            {"document": str(hit.get("title") or "untitled"), "passage": str(hit.get("text", ""))}
+            for hit in hits
+        ]
+        if not results:
+            return {"results": [], "note": "nothing in the household documents matches"}
+        return {"results": results}
+
+
+class DocumentsAPI(llm.API):
+    """The LLM API that offers the document search of the loaded Fairlane servers. Registered
+    once, so any conversation agent can select it, not only Fairlane's."""
+
+    def __init__(self, hass: HomeAssistant) -> None:
+        super().__init__(hass=hass, id=DOCUMENTS_API_ID, name=DOCUMENTS_API_NAME)
+
+    async def async_get_api_instance(self, llm_context: llm.LLMContext) -> llm.APIInstance:
+        entries = self.hass.config_entries.async_loaded_entries(DOMAIN)
+        clients = [entry.runtime_data.client for entry in entries]
+        return llm.APIInstance(
+            api=self,
+            api_prompt=PROMPT if clients else "The household documents cannot be searched now.",
+            llm_context=llm_context,
+            tools=[SearchDocumentsTool(clients)] if clients else [],
+        )
