@@ -79,3 +79,25 @@ async def test_the_agent_answers_from_the_household_documents(
     # The best passage comes first, with its document's title (the file's name, as sent).
     assert searched[0][0]["document"] == "Dishwasher warranty.md"
     assert "2029" in speech, speech
+
+
+async def test_a_command_is_not_searched_for(hass: HomeAssistant, entry: MockConfigEntry) -> None:
+    """With Assist and the documents both selected, "turn on the light" is far from every
+    passage: the agent does not search, and the tools are Assist's and the search."""
+    await _index(entry)
+    await set_agent(hass, entry, **{CONF_LLM_HASS_API: [llm.LLM_API_ASSIST, DOCUMENTS_API_ID]})
+    with (
+        chat_session.async_get_chat_session(hass) as session,
+        conversation.async_get_chat_log(hass, session) as chat_log,
+    ):
+        await conversation.async_converse(
+            hass, "Turn on the kitchen light.", session.conversation_id, Context(),
+            agent_id="conversation.fairlane",
+        )
+        assert chat_log.llm_api is not None
+        names = {tool.name for tool in chat_log.llm_api.tools}
+        calls = [call.tool_name for content in chat_log.content
+                 if isinstance(content, conversation.AssistantContent)
+                 for call in content.tool_calls or ()]
+    assert any(name.endswith("search_household_documents") for name in names)
+    assert not any(name.endswith("search_household_documents") for name in calls), calls

@@ -30,10 +30,12 @@ from .const import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_NAME,
     DEFAULT_TEMPERATURE,
+    DOCUMENTS_RELEVANT,
     DOMAIN,
     MAX_TOOL_ITERATIONS,
 )
 from .coordinator import FairlaneConfigEntry, FairlaneCoordinator
+from .llm_api import documents_tool, lane_of
 from .schema import to_json_schema
 from .tool_args import repair_args
 
@@ -138,6 +140,9 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
                 "json_schema": {"name": "result", "schema": schema},
             }
         max_history = int(options.get(CONF_MAX_HISTORY, DEFAULT_MAX_HISTORY))
+        if searched := await search_first(chat_log, self.entity_id):
+            # Searched already: offered again, small models search over and over.
+            tools = [t for t in tools or () if t["function"]["name"] != searched] or None
         attached: list[dict[str, Any]] = []
         last = chat_log.content[-1]
         if isinstance(last, conversation.UserContent) and last.attachments:
@@ -291,6 +296,28 @@ def _attach(messages: list[dict[str, Any]], parts: list[dict[str, Any]]) -> None
             text = str(message.get("content") or "")
             message["content"] = [{"type": "text", "text": text}, *parts]
             return
+
+
+async def search_first(chat_log: conversation.ChatLog, agent_id: str) -> str | None:
+    """With the household documents selected: search them for the user's words before the
+    model runs and, when a passage is close (`DOCUMENTS_RELEVANT`), put the search and its
+    result in the chat log as the agent's own tool call, so the model answers with the
+    passages in front of it (see `llm_api`). The model may still search again itself."""
+    found = documents_tool(chat_log.llm_api)
+    last = chat_log.content[-1]
+    if found is None or chat_log.llm_api is None or not isinstance(last, conversation.UserContent):
+        return None
+    name, tool = found
+    query = last.content.strip()
+    hits = await tool.search(query, lane_of(chat_log.llm_api.llm_context)) if query else []
+    if not hits or float(hits[0].get("score") or 0.0) < DOCUMENTS_RELEVANT:
+        return None
+    call = llm.ToolInput(tool_name=name, tool_args={"query": query})
+    async for _result in chat_log.async_add_assistant_content(
+        conversation.AssistantContent(agent_id=agent_id, content=None, tool_calls=[call])
+    ):
+        pass
+    return name
 
 
 def _is_intent(tool: llm.Tool) -> bool:
