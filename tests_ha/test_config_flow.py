@@ -246,6 +246,13 @@ async def test_subentries_add_a_second_agent_and_change_one(
     server = dr.async_get(hass).async_get_device({(DOMAIN, entry.entry_id)})
     assert device is not None and server is not None and device.via_device_id == server.id
 
+    # Removed: its device and entity go with it; the other agent stays.
+    assert hass.config_entries.async_remove_subentry(entry, kids.subentry_id)
+    await hass.async_block_till_done()
+    assert dr.async_get(hass).async_get_device({(DOMAIN, kids.subentry_id)}) is None
+    assert registry.async_get(kids_entity) is None
+    assert hass.states.get("conversation.fairlane") is not None
+
     task = subentry(entry, SUBENTRY_AI_TASK)
     result = await entry.start_subentry_reconfigure_flow(hass, task.subentry_id)
     assert result["step_id"] == "reconfigure"

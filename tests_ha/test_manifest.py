@@ -49,7 +49,8 @@ def test_manifest_follows_hassfest() -> None:
 def test_hacs_json_and_brand() -> None:
     hacs = json.loads((ROOT / "hacs.json").read_text())
     assert hacs["name"] == MANIFEST["name"]
-    assert AwesomeVersion(hacs["homeassistant"]) <= AwesomeVersion("2026.2.3")
+    # The icon is served from brand/ by Home Assistant 2026.3 and later: the minimum.
+    assert AwesomeVersion(hacs["homeassistant"]) >= AwesomeVersion("2026.3.0")
     assert not hacs.get("content_in_root")  # the integration lives in custom_components/
     folders = [p for p in (ROOT / "custom_components").iterdir()
                if p.is_dir() and not p.name.startswith((".", "__"))]
@@ -65,6 +66,13 @@ def test_translations_cover_every_entity_service_and_error() -> None:
     entity = STRINGS["entity"]
     assert {d.translation_key for d in SENSORS} == set(entity["sensor"])
     assert set(entity["binary_sensor"]) == {"reachable"}
+    from custom_components.fairlane.config_flow import FairlaneConfigFlow
+
+    kinds = set(FairlaneConfigFlow.async_get_supported_subentry_types(None))  # type: ignore[arg-type]
+    assert set(STRINGS["config_subentries"]) == kinds
+    for kind in kinds:
+        steps = STRINGS["config_subentries"][kind]["step"]
+        assert {"user", "reconfigure"} <= set(steps), kind
     services = yaml.safe_load((INTEGRATION / "services.yaml").read_text())
     assert set(services) == set(STRINGS["services"])
     for name, service in services.items():
@@ -76,7 +84,8 @@ def test_translations_cover_every_entity_service_and_error() -> None:
     for key in STRINGS["exceptions"]:
         assert f'"{key}"' in code, key
     for key in ("cannot_connect", "invalid_auth", "incompatible_server", "request_refused",
-                "path_not_allowed", "path_not_found", "no_entry", "which_entry"):
+                "path_not_allowed", "path_not_found", "no_entry", "which_entry", "wrong_server",
+                "attachment_not_supported"):
         assert key in STRINGS["exceptions"], key
 
 

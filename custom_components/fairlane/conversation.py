@@ -49,6 +49,16 @@ class FairlaneConversationEntity(
     def supported_languages(self) -> list[str] | Literal["*"]:
         return MATCH_ALL
 
+    async def async_added_to_hass(self) -> None:
+        """Also reachable by the entry's id, as the agent was before subentries (pipelines
+        saved then name it so); as core's own agents do."""
+        await super().async_added_to_hass()
+        conversation.async_set_agent(self.hass, self.entry, self)
+
+    async def async_will_remove_from_hass(self) -> None:
+        conversation.async_unset_agent(self.hass, self.entry)
+        await super().async_will_remove_from_hass()
+
 
     async def _async_handle_message(
         self, user_input: conversation.ConversationInput, chat_log: conversation.ChatLog
