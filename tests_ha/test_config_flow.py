@@ -269,6 +269,21 @@ async def test_subentries_add_a_second_agent_and_change_one(
         (entry.entry_id, SUBENTRY_STT), context={"source": config_entries.SOURCE_USER}
     )
     assert result["type"] is FlowResultType.ABORT and result["reason"] == "already_configured"
+    # Removed, it can be added again, by name only.
+    assert hass.config_entries.async_remove_subentry(
+        entry, subentry(entry, SUBENTRY_STT).subentry_id
+    )
+    await hass.async_block_till_done()
+    assert hass.states.get("stt.fairlane_speech_to_text") is None
+    result = await hass.config_entries.subentries.async_init(
+        (entry.entry_id, SUBENTRY_STT), context={"source": config_entries.SOURCE_USER}
+    )
+    result = await hass.config_entries.subentries.async_configure(
+        result["flow_id"], {"name": "Kitchen speech"}
+    )
+    assert result["type"] is FlowResultType.CREATE_ENTRY
+    await hass.async_block_till_done()
+    assert hass.states.get("stt.kitchen_speech") is not None
 
 
 async def test_a_version_1_entry_moves_its_options_into_subentries(

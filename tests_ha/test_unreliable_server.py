@@ -30,15 +30,20 @@ HEALTH = {"status": "ok", "version": "0.1.0", "instance_id": "f" * 32, "policy":
           "models": {"llm": "model", "stt": None, "tts": None}, "wyoming_port": None}
 
 
+def _health() -> dict[str, Any]:
+    return json.loads(json.dumps(HEALTH))
+
+
 @dataclass
 class Misbehaviour:
     """What the server answers; a test changes it."""
 
-    health: Any = field(default_factory=lambda: dict(HEALTH))
+    health: Any = field(default_factory=_health)
     stats: Any = field(default_factory=lambda: {"classes": {}})
     stream: list[bytes] = field(default_factory=list)
     status: int = 200
     summaries: list[dict[str, Any]] = field(default_factory=list)
+    speech: tuple[int, bytes] = (200, b"RIFF but not really a WAV file")
 
 
 @pytest.fixture
@@ -67,7 +72,12 @@ async def server(socket_enabled: None) -> AsyncIterator[tuple[Misbehaviour, int]
         return web.json_response(state.summaries.pop(0) if state.summaries else
                                  {"id": "s", "status": "running"})
 
+    async def speech(request: web.Request) -> web.Response:
+        status, body = state.speech
+        return web.Response(status=status, body=body, content_type="audio/wav")
+
     app = web.Application()
+    app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/health", answer(lambda: state.health))
     app.router.add_get("/v1/stats", answer(lambda: state.stats))
     app.router.add_post("/v1/chat/completions", chat)
@@ -214,3 +224,118 @@ async def test_the_summary_wait_has_a_deadline_and_ends_with_the_entry(
     with pytest.raises(HomeAssistantError):
         await hass.services.async_call(DOMAIN, "summarize", {"text": "x"}, blocking=True,
                                        return_response=True)
+
+
+async def test_the_voice_says_why_it_cannot_speak(
+    hass: HomeAssistant, server: tuple[Misbehaviour, int]
+) -> None:
+    from homeassistant.components import tts
+    from homeassistant.components.tts.entity import TTSAudioRequest
+
+    state, port = server
+    state.health["models"]["tts"] = "en_US-joe-medium"
+    await _loaded(hass, port)
+    engine = hass.data[tts.DATA_COMPONENT].get_entity("tts.fairlane_text_to_speech")
+    assert isinstance(engine, tts.TextToSpeechEntity)
+    assert engine.async_get_supported_voices("de-DE") is None
+
+    async def text() -> AsyncIterator[str]:
+        yield "Hello there. "
+
+    # Not WAV: the stream ends with an error, not a wave.Error traceback.
+    response = await engine.async_stream_tts_audio(
+        TTSAudioRequest(language="en-US", options={}, message_gen=text())
+    )
+    with pytest.raises(HomeAssistantError, match="not WAV audio"):
+        async for _ in response.data_gen:
+            pass
+
+    state.speech = (500, b"engine down")
+    with pytest.raises(HomeAssistantError, match="could not speak the text"):
+        await engine.async_get_tts_audio("Hello.", "en-US", {})
+    response = await engine.async_stream_tts_audio(
+        TTSAudioRequest(language="en-US", options={}, message_gen=text())
+    )
+    with pytest.raises(HomeAssistantError, match="could not speak"):
+        async for _ in response.data_gen:
+            pass
+
+    async def broken() -> AsyncIterator[str]:
+        yield "Half a sent"
+        raise RuntimeError("the agent failed")
+
+    response = await engine.async_stream_tts_audio(
+        TTSAudioRequest(language="en-US", options={}, message_gen=broken())
+    )
+    with pytest.raises(RuntimeError, match="the agent failed"):
+        async for _ in response.data_gen:
+            pass
+
+
+async def test_speech_parts_a_server_lacks_are_not_offered(
+    hass: HomeAssistant, server: tuple[Misbehaviour, int]
+) -> None:
+    _, port = server
+    entry = await _loaded(hass, port)  # no speech-to-text, no voice on this server
+    for kind, reason in (("stt", "no_stt"), ("tts", "no_tts")):
+        result = await hass.config_entries.subentries.async_init(
+            (entry.entry_id, kind), context={"source": config_entries.SOURCE_USER}
+        )
+        assert result["type"] is FlowResultType.ABORT and result["reason"] == reason
+    assert hass.states.get("stt.fairlane_speech_to_text") is None
+
+
+async def test_the_document_search_tool_reports_failures_and_empty_results(
+    hass: HomeAssistant, server: tuple[Misbehaviour, int]
+) -> None:
+    from homeassistant.helpers import llm
+
+    from custom_components.fairlane.llm_api import SearchDocumentsTool
+
+    _, port = server
+    entry = await _loaded(hass, port)
+    tool = SearchDocumentsTool([entry.runtime_data.client])
+    context = llm.LLMContext(platform=DOMAIN, context=None, language="en", assistant=None,
+                             device_id=None)
+    assert "error" in await tool.async_call(
+        hass, llm.ToolInput(tool_name=tool.name, tool_args={"query": " "}), context
+    )
+    with pytest.raises(HomeAssistantError, match="document search failed"):
+        # This server has no document index (404).
+        await tool.async_call(
+            hass, llm.ToolInput(tool_name=tool.name, tool_args={"query": "boiler"}), context
+        )
+    assert await SearchDocumentsTool([]).async_call(
+        hass, llm.ToolInput(tool_name=tool.name, tool_args={"query": "boiler"}), context
+    ) == {"results": [], "note": "nothing in the household documents matches"}
+
+
+async def test_an_agent_whose_api_went_away_says_so(
+    hass: HomeAssistant, server: tuple[Misbehaviour, int]
+) -> None:
+    from homeassistant.const import CONF_LLM_HASS_API
+
+    from tests_ha.conftest import set_agent
+
+    _, port = server
+    entry = await _loaded(hass, port)
+    await set_agent(hass, entry, **{CONF_LLM_HASS_API: ["an_api_that_was_removed"]})
+    result = await conversation.async_converse(
+        hass, "Hello", None, Context(), agent_id="conversation.fairlane"
+    )
+    assert result.response.response_type is intent.IntentResponseType.ERROR
+    agent = conversation.async_get_agent(hass, "conversation.fairlane")
+    assert agent is not None and agent.supported_languages == "*"
+
+
+async def test_a_discovery_while_the_add_on_is_down_waits_for_the_next(
+    hass: HomeAssistant, socket_enabled: None
+) -> None:
+    from homeassistant.helpers.service_info.hassio import HassioServiceInfo
+
+    info = HassioServiceInfo(config={"host": "127.0.0.1", "port": 9, "token": "t"},
+                             name="Fairlane", slug="fairlane", uuid="1234")
+    result = await hass.config_entries.flow.async_init(
+        DOMAIN, context={"source": config_entries.SOURCE_HASSIO}, data=info
+    )
+    assert result["type"] is FlowResultType.ABORT and result["reason"] == "cannot_connect"

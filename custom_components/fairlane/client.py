@@ -47,7 +47,7 @@ class ServerInfo:
     stt_model: str | None
     wyoming_port: int | None
     tts_voice: str | None = None
-    # A UUID kept in the server's data directory (servers before 0.2 have none).
+    # A UUID kept in the server's data directory (older servers publish none).
     instance_id: str | None = None
 
     @classmethod

@@ -147,6 +147,10 @@ class FairlaneTextToSpeech(tts.TextToSpeechEntity, FairlaneSubentryEntity):
                         pcm, rate = pcm_of(await item)
                     except FairlaneError as err:
                         raise HomeAssistantError(f"Fairlane could not speak: {err}") from err
+                    except (wave.Error, EOFError) as err:
+                        raise HomeAssistantError(
+                            f"Fairlane's answer is not WAV audio: {err}"
+                        ) from err
                     finally:
                         slots.release()
                     if not header_sent:
