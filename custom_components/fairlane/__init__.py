@@ -120,20 +120,7 @@ def _check_identity(hass: HomeAssistant, entry: ConfigEntry, info: ServerInfo) -
         hass.config_entries.async_update_entry(entry, unique_id=info.instance_id)
         return
     placeholders = {"host": f"{entry.data[CONF_HOST]}:{entry.data[CONF_PORT]}"}
-    ir.async_create_issue(
-        hass,
-        DOMAIN,
-        issue_id,
-        is_fixable=False,
-        severity=ir.IssueSeverity.ERROR,
-        translation_key="wrong_server",
-        translation_placeholders=placeholders,
-    )
-    raise ConfigEntryNotReady(
-        translation_domain=DOMAIN,
-        translation_key="wrong_server",
-        translation_placeholders=placeholders,
-    )
+    _not_ready(hass, issue_id, "wrong_server", placeholders)
 
 
 def _check_version(hass: HomeAssistant, entry: ConfigEntry, info: ServerInfo) -> None:
@@ -143,19 +130,23 @@ def _check_version(hass: HomeAssistant, entry: ConfigEntry, info: ServerInfo) ->
     if version.valid and version.major is not None and int(version.major) == SUPPORTED_MAJOR:
         ir.async_delete_issue(hass, DOMAIN, issue_id)
         return
+    placeholders = {"version": info.version, "supported": f"{SUPPORTED_MAJOR}.x"}
+    _not_ready(hass, issue_id, "incompatible_server", placeholders)
+
+
+def _not_ready(hass: HomeAssistant, issue_id: str, key: str, placeholders: dict[str, str]) -> None:
+    """A repair issue that says what is wrong, and the entry waits (set-up is retried)."""
     ir.async_create_issue(
         hass,
         DOMAIN,
         issue_id,
         is_fixable=False,
         severity=ir.IssueSeverity.ERROR,
-        translation_key="incompatible_server",
-        translation_placeholders={"version": info.version, "supported": f"{SUPPORTED_MAJOR}.x"},
+        translation_key=key,
+        translation_placeholders=placeholders,
     )
     raise ConfigEntryNotReady(
-        translation_domain=DOMAIN,
-        translation_key="incompatible_server",
-        translation_placeholders={"version": info.version, "supported": f"{SUPPORTED_MAJOR}.x"},
+        translation_domain=DOMAIN, translation_key=key, translation_placeholders=placeholders
     )
 
 

@@ -292,6 +292,8 @@ class _FairlaneSubentryFlow(ConfigSubentryFlow):
     default_title = DEFAULT_NAME
     # Speech-to-text and the voice are the server's: one of each is all there is to have.
     single = False
+    # The `ServerInfo` field the server must have for this kind (its STT model, its voice).
+    server_part: str | None = None
 
     def _fields(self) -> dict[vol.Marker, Any]:
         return {}
@@ -301,9 +303,11 @@ class _FairlaneSubentryFlow(ConfigSubentryFlow):
 
     def _available(self) -> str | None:
         """Why this kind cannot be added to this server now, or None."""
-        entry = self._get_entry()
+        entry: FairlaneConfigEntry = self._get_entry()
         if entry.state is not ConfigEntryState.LOADED:
             return "entry_not_loaded"
+        if self.server_part and not getattr(entry.runtime_data.info, self.server_part):
+            return f"no_{self._subentry_type}"  # the server runs without it
         if (
             self.single
             and self.source == SOURCE_USER
@@ -376,20 +380,10 @@ class AITaskFlow(_FairlaneSubentryFlow):
 class SpeechToTextFlow(_FairlaneSubentryFlow):
     default_title = DEFAULT_STT_NAME
     single = True
-
-    def _available(self) -> str | None:
-        entry: FairlaneConfigEntry = self._get_entry()
-        if entry.state is ConfigEntryState.LOADED and not entry.runtime_data.info.stt_model:
-            return "no_stt"
-        return super()._available()
+    server_part = "stt_model"
 
 
 class TextToSpeechFlow(_FairlaneSubentryFlow):
     default_title = DEFAULT_TTS_NAME
     single = True
-
-    def _available(self) -> str | None:
-        entry: FairlaneConfigEntry = self._get_entry()
-        if entry.state is ConfigEntryState.LOADED and not entry.runtime_data.info.tts_voice:
-            return "no_tts"
-        return super()._available()
+    server_part = "tts_voice"

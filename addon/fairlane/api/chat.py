@@ -244,7 +244,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             400, f"this model cannot chat: {svc.template_error}", code="no_chat_template"
         )
     priority = request_class(request, body, Priority.CHAT)
-    body["messages"] = await asyncio.to_thread(read_parts, body["messages"], svc.model_name)
+    if any(isinstance(m.get("content"), list) for m in body["messages"]):
+        # Parts may hold files to read (PDFs take a while): off the event loop.
+        body["messages"] = await asyncio.to_thread(read_parts, body["messages"], svc.model_name)
     tools = body.get("tools") or []
     if body.get("tool_choice") == "none":
         tools = []
