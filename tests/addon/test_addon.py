@@ -105,11 +105,8 @@ MAPPING: dict[str, tuple[Any, Any]] = {
     "stt_model": ("whisper-tiny.en", lambda c: c.stt.model),
     "embed_model": ("/config/embedder", lambda c: c.embed.model),
     "threads": (3, lambda c: (c.llm.threads, c.stt.threads, c.embed.threads)),
-    "gpu_layers": (99, lambda c: c.llm.gpu_layers),
     "context_tokens": (16384, lambda c: c.llm.n_ctx),
     "max_sequences": (4, lambda c: c.llm.n_seq_max),
-    "stt_device": ("cuda", lambda c: c.stt.device),
-    "embed_device": ("cuda", lambda c: c.embed.device),
     "voice_ttft_ms": (400, lambda c: c.policy.slo[Priority.VOICE].ttft_ms),
     "chat_ttft_ms": (900, lambda c: c.policy.slo[Priority.CHAT].ttft_ms),
     "chat_itl_ms": (120, lambda c: c.policy.slo[Priority.CHAT].itl_ms),
@@ -166,6 +163,17 @@ def test_every_option_maps_to_its_server_setting(tmp_path: Path) -> None:
     assert cfg.server.data_dir == "/data" and cfg.server.token_file == "/data/token"
     assert cfg.server.stats_readers == ("172.30.32.2",)  # Supervisor's ingress proxy
     assert env["FAIRLANE_MODEL_DIR"] == "/data/models"  # backup_exclude: models
+
+
+def test_no_option_asks_for_a_device_the_image_cannot_provide(tmp_path: Path) -> None:
+    """The add-on image is built for the CPU and the Supervisor gives it no CUDA GPU: whatever
+    the options say, every engine runs on the CPU (before, `gpu_layers` switched the
+    scheduler to GPU targets and `stt_device: cuda` stopped the add-on at start)."""
+    assert not {"gpu_layers", "stt_device", "embed_device"} & set(CONFIG["schema"])
+    for options in (CONFIG["options"], {key: value for key, (value, _) in MAPPING.items()}):
+        cfg = _server_config(_run_script(tmp_path, options)[0])
+        assert cfg.llm.gpu_layers == 0
+        assert cfg.stt.device == "cpu" and cfg.embed.device == "cpu" and cfg.tts.device == "cpu"
 
 
 def test_the_default_options_give_the_default_server(tmp_path: Path) -> None:
