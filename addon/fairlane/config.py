@@ -96,6 +96,9 @@ SERVER_SCHEMA = vol.Schema(
         # With no token set: read it from this file, or make one there on first start (the
         # add-on keeps it in /data and hands it to Home Assistant through discovery).
         vol.Optional("token_file", default=None): vol.Any(None, str),
+        # A GPU asked for and not obtained: refuse to start (true), or start on the CPU and
+        # say so in the log and /health (false).
+        vol.Optional("require_devices", default=False): bool,
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -193,6 +196,7 @@ class ServerConfig:
     data_dir: str = "~/.local/share/fairlane"
     stats_readers: tuple[str, ...] = ()
     token_file: str | None = None
+    require_devices: bool = False
 
 
 @dataclass(frozen=True)

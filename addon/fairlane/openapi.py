@@ -119,7 +119,8 @@ OPENAPI: dict[str, Any] = {
     "paths": {
         "/health": {
             "get": {
-                "summary": "Liveness (no auth): version, instance_id (stable per data "
+                "summary": "Liveness (no auth): status (degraded when an engine did not get "
+                "the device asked for), devices, version, instance_id (stable per data "
                 "directory), models, Wyoming port",
                 "security": [],
                 "responses": {"200": {"description": "Server is up"}},

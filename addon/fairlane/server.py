@@ -62,6 +62,7 @@ from fairlane.engines.tts import PiperVoice
 from fairlane.engines.tts import TtsConfig as TtsEngineConfig
 from fairlane.identity import instance_id
 from fairlane.openapi import OPENAPI
+from fairlane.placement import Placement
 from fairlane.policy import CostModel, Kind, Priority, make_policy
 from fairlane.profiles import load as load_profile
 from fairlane.synthesis import VoiceService
@@ -154,9 +155,12 @@ def create_app(services: Services) -> web.Application:
 
 async def health(request: web.Request) -> web.Response:
     svc = services_of(request)
+    devices = {p.engine: p.as_dict() for p in svc.placements}
     return web.json_response(
         {
-            "status": "ok",
+            # "degraded": an engine runs on another device than the one asked for.
+            "status": "ok" if all(p.ok for p in svc.placements) else "degraded",
+            "devices": devices,
             "version": __version__,
             "instance_id": svc.instance_id,
             "policy": svc.policy_name,
@@ -254,8 +258,6 @@ def _step_summary(device: DeviceLoop, last: int = 50) -> list[dict[str, Any]]:
 
 def build_services(cfg: config_mod.Config) -> Services:
     """Load the model, start the device loop: everything `serve` needs, ready to use."""
-    profile, device_type = load_profile(cfg.profile)
-    policy_config = cfg.serving_policy(device_type)
     model_path = models.resolve_llm(cfg.llm.model)
     engine = LlamaEngine(
         EngineConfig(
@@ -312,6 +314,16 @@ def build_services(cfg: config_mod.Config) -> Services:
             )
         )
         engines[Kind.EMBED] = embedder
+    placements = [
+        engine.placement for engine in (engine, stt, tts, embedder) if engine is not None
+    ]
+    check_placements(placements, cfg.server.require_devices)
+    # "auto" chooses by the device the LLM really got, not the one it was asked for.
+    profile_name = cfg.profile
+    if cfg.server.profile == "auto" and engine.placement.got == "cpu":
+        profile_name = "cpu-2core"
+    profile, device_type = load_profile(profile_name)
+    policy_config = cfg.serving_policy(device_type)
     policy = make_policy(cfg.policy_name, policy_config, CostModel(profile))
     device = DeviceLoop(policy, engines)
     device.start()
@@ -333,10 +345,28 @@ def build_services(cfg: config_mod.Config) -> Services:
         embedder=embedder,
         embed_name=cfg.embed.model,
         instance_id=instance_id(Path(cfg.server.data_dir).expanduser()),
+        placements=placements,
         documents=DocumentStore(Path(cfg.server.data_dir).expanduser() / "fairlane.sqlite")
         if embedder is not None
         else None,
     )
+
+
+class DeviceMissing(ValueError):
+    """An engine did not get the device it was asked for, and `server.require_devices` is on
+    (a ValueError: `fairlane serve` prints its message as one line and exits)."""
+
+
+def check_placements(placements: list[Placement], required: bool) -> None:
+    """Say, one line per engine, each GPU asked for and not obtained; refuse to go on when
+    the configuration requires the devices."""
+    missing = [p for p in placements if not p.ok]
+    for placement in missing:
+        _LOGGER.error("Device not obtained: %s", placement.complaint())
+    if missing and required:
+        raise DeviceMissing(
+            "; ".join(p.complaint() for p in missing) + " (server.require_devices is on)"
+        )
 
 
 async def _start_wyoming(app: web.Application) -> None:

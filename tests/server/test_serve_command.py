@@ -8,6 +8,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from fairlane.bench.servers import ServerProcess, free_port
 
@@ -38,6 +39,9 @@ def test_serve_starts_on_the_default_model_with_a_token_from_the_environment(tmp
             "llm": "qwen2.5-coder-0.5b-instruct", "stt": "whisper-base", "tts": "en_US-joe-medium"
         }
         assert health["wyoming_port"] > 0
+        assert health["status"] == "ok"
+        assert {name: d["got"] for name, d in health["devices"].items()} == {
+            "llm": "cpu", "stt": "cpu", "tts": "cpu", "embed": "cpu"}
         assert _get(f"{server.url}/v1/models")[0] == 401
         assert _get(f"{server.url}/v1/models", token="from-env")[0] == 200
 
@@ -49,3 +53,43 @@ def test_a_bad_config_stops_serve_with_the_key_named(tmp_path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "llm.n_ctx" in done.stderr
+
+
+# Every engine asked for the GPU, on a machine without one (this one, and CI's).
+GPU_EVERYWHERE = ["--set", "llm.gpu_layers=99", "--set", "stt.device=cuda",
+                  "--set", "stt.compute_type=float16", "--set", "embed.device=cuda",
+                  "--set", "embed.backend=onnx", "--set", "tts.device=cuda"]
+
+
+def test_a_gpu_asked_for_and_not_obtained_is_said_not_hidden(tmp_path) -> None:
+    """Before, llama.cpp ignored the layers quietly (and the policy took GPU targets), ONNX
+    Runtime fell back to the CPU quietly, and CTranslate2 stopped the server at start."""
+    port = free_port()
+    config = tmp_path / "fairlane.yaml"
+    config.write_text(f"wyoming: {{port: 0}}\nserver: {{data_dir: {tmp_path}}}\n")
+    argv = [sys.executable, "-m", "fairlane", "serve", "--port", str(port),
+            "--config", str(config), *GPU_EVERYWHERE]
+    with ServerProcess(argv, port) as server:
+        status, health = _get(f"{server.url}/health")
+        assert status == 200 and health["status"] == "degraded"
+        for name in ("llm", "stt", "tts", "embed"):
+            device = health["devices"][name]
+            assert (device["asked"], device["got"], device["ok"]) == ("cuda", "cpu", False), name
+            assert device["detail"], name
+        # The CPU's targets, not a GPU's: "auto" follows the device the LLM really got.
+        _, stats = _get(f"{server.url}/v1/stats")
+        assert stats["classes"]["voice"]["slo"]["ttft_ms"] > 1000
+        log = Path(server.log.name).read_text()
+    assert len([line for line in log.splitlines() if "Device not obtained" in line]) == 4
+
+
+def test_required_devices_refuse_to_start_with_one_line(tmp_path) -> None:
+    config = tmp_path / "fairlane.yaml"
+    config.write_text(f"wyoming: {{port: 0}}\nserver: {{data_dir: {tmp_path}, "
+                      "require_devices: true}\n")
+    done = subprocess.run([sys.executable, "-m", "fairlane", "serve", "--config", str(config),
+                           "--port", str(free_port()), *GPU_EVERYWHERE],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("fairlane: ")]
+    assert "llm asked for cuda and runs on cpu" in line and "require_devices" in line

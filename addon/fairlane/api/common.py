@@ -22,6 +22,7 @@ from fairlane.engines.embed import EmbeddingEngine
 from fairlane.engines.llm import (
     LlamaEngine,
 )
+from fairlane.placement import Placement
 from fairlane.policy import Admission, Priority
 from fairlane.synthesis import VoiceService
 from fairlane.telemetry import Telemetry
@@ -183,6 +184,7 @@ class Services:
     summary_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)
     instance_id: str = ""  # this server's stable id (`fairlane.identity`)
+    placements: list[Placement] = field(default_factory=list)  # where each engine runs
 
 
 SERVICES = web.AppKey("services", Services)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from fairlane.placement import Placement, kind, onnx_placement
 from fairlane.policy import EmbedPlan, SeqOutput, StepResult
 
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -62,6 +63,7 @@ class EmbeddingEngine:
         self.tokenizer_full.no_padding()
         self.dimensions = int(_read_json(folder / "config.json").get("hidden_size", 0))
         self.pending: dict[str, list[int]] = {}
+        self.placement = Placement("embed", kind(config.device), "cpu")
         self._run = self._torch_runner() if config.backend == "torch" else self._onnx_runner()
 
     # --- requests ----------------------------------------------------------------------------
@@ -101,14 +103,20 @@ class EmbeddingEngine:
         from sentence_transformers import SentenceTransformer
 
         torch.set_num_threads(self.config.threads)
-        model = SentenceTransformer(str(self.config.model_path), device=self.config.device)
+        device = self.config.device
+        if kind(device) == "cuda" and not torch.cuda.is_available():
+            device = "cpu"  # said in `placement`
+        self.placement = Placement(
+            "embed", kind(self.config.device), kind(device), f"torch {torch.__version__}"
+        )
+        model = SentenceTransformer(str(self.config.model_path), device=device)
         transformer: Any = model[0].auto_model
         transformer.eval()
 
         def run(input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
-                ids = torch.from_numpy(input_ids).to(self.config.device)
-                attention = torch.from_numpy(mask).to(self.config.device)
+                ids = torch.from_numpy(input_ids).to(device)
+                attention = torch.from_numpy(mask).to(device)
                 hidden = transformer(
                     input_ids=ids, attention_mask=attention, token_type_ids=torch.zeros_like(ids)
                 ).last_hidden_state
@@ -129,6 +137,7 @@ class EmbeddingEngine:
         if self.config.device == "cuda":
             providers.insert(0, "CUDAExecutionProvider")
         session = ort.InferenceSession(str(path), options, providers=providers)
+        self.placement = onnx_placement("embed", self.config.device, session.get_providers())
 
         def run(input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
             feeds = {

@@ -19,6 +19,7 @@ from typing import Any
 
 import llama_cpp as lc
 
+from fairlane.placement import Placement
 from fairlane.policy import LlmPlan, SeqOutput, StepResult
 
 
@@ -125,6 +126,14 @@ class LlamaEngine:
         lc.llama_backend_init()
         model_params = lc.llama_model_default_params()
         model_params.n_gpu_layers = config.n_gpu_layers
+        offload = bool(lc.llama_supports_gpu_offload())
+        asked = "cuda" if config.n_gpu_layers != 0 else "cpu"
+        self.placement = Placement(
+            "llm",
+            asked,
+            asked if offload or asked == "cpu" else "cpu",
+            "llama.cpp with GPU offload" if offload else "llama.cpp built without GPU offload",
+        )
         self.model = lc.llama_model_load_from_file(str(config.model_path).encode(), model_params)
         if not self.model:
             raise EngineError(f"llama.cpp could not load {config.model_path}")

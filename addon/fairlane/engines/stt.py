@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from fairlane.placement import Placement, kind
 from fairlane.policy import SeqOutput, StepResult, SttPlan
 
 SAMPLE_RATE = 16_000
@@ -110,13 +111,22 @@ class WhisperEngine:
     """Whisper with cross-request batches; transcribes utterances of up to 30 seconds."""
 
     def __init__(self, config: SttConfig) -> None:
+        import ctranslate2
         from faster_whisper import WhisperModel
 
         self.config = config
+        device, compute_type, detail = config.device, config.compute_type, ""
+        if kind(device) == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+            # A CPU-only CTranslate2, or no GPU visible: the CPU, said in `placement`.
+            device, compute_type = "cpu", "int8"
+            detail = "CTranslate2 sees no CUDA device"
+        self.placement = Placement(
+            "stt", kind(config.device), kind(device), detail or f"CTranslate2 on {device}"
+        )
         self.model = WhisperModel(
             str(config.model_path),
-            device=config.device,
-            compute_type=config.compute_type,
+            device=device,
+            compute_type=compute_type,
             cpu_threads=config.threads,
         )
         self.multilingual = bool(self.model.model.is_multilingual)

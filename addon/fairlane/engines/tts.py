@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fairlane.placement import onnx_placement
 from fairlane.policy import SeqOutput, StepResult, TtsPlan
 from fairlane.text import ONES, number_words
 
@@ -325,6 +326,7 @@ class PiperVoice:
         if config.device.startswith("cuda"):
             providers.insert(0, "CUDAExecutionProvider")
         self.session = ort.InferenceSession(str(config.model_path), options, providers=providers)
+        self.placement = onnx_placement("tts", config.device, self.session.get_providers())
         self.lexicon = lexicon or Lexicon.load()
         self.pending: dict[str, Speech] = {}
 
