@@ -57,8 +57,8 @@ def test_config_yaml_follows_the_supervisor_rules() -> None:
     assert "models" in CONFIG["backup_exclude"]
     assert re.fullmatch(r"(tcp|https?)://\[HOST\]:\[PORT:\d+\].*", CONFIG["watchdog"])
     assert CONFIG["ingress"] is True and f"{CONFIG['ingress_port']}/tcp" in ports
-    # No published image yet: without `image` the Supervisor builds the Dockerfile locally.
-    assert "image" not in CONFIG
+    # A published image per arch: the Supervisor pulls it instead of building on the box.
+    assert CONFIG["image"].startswith("ghcr.io/") and "{arch}" in CONFIG["image"]
 
 
 def test_every_option_has_a_valid_type_a_default_and_a_translation() -> None:
@@ -242,8 +242,30 @@ def test_dockerfiles_pass_hadolint_and_have_what_the_addon_needs() -> None:
     assert "HEALTHCHECK" in addon and "download.pytorch.org/whl/cpu" in addon
     cuda = (ADDON / "Dockerfile.cuda").read_text()
     assert "-DGGML_CUDA=on" in cuda and "onnxruntime-gpu" in cuda and "HEALTHCHECK" in cuda
-    build = yaml.safe_load((ADDON / "build.yaml").read_text())
-    assert set(build["build_from"]) == set(CONFIG["arch"])
+    # The Dockerfile alone picks each arch's base (build.yaml is gone from current Supervisors).
+    assert not (ADDON / "build.yaml").exists()
+    assert re.search(r"^ARG BUILD_ARCH=amd64$", addon, re.M)
+    assert re.search(r"^ARG BUILD_FROM=ghcr.io/home-assistant/\$\{BUILD_ARCH\}-base", addon, re.M)
+
+
+def test_the_published_images_are_the_ones_the_supervisor_pulls() -> None:
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "addon.yml").read_text())
+    job = workflow["jobs"]["build"]
+    arches = [entry["arch"] for entry in job["strategy"]["matrix"]["include"]]
+    assert sorted(arches) == sorted(CONFIG["arch"])
+    action = "home-assistant/builder/actions/build-image"
+    [build] = [step for step in job["steps"] if str(step.get("uses", "")).startswith(action)]
+    image = build["with"]["image"].replace("${{ matrix.arch }}", "{arch}")
+    assert image == CONFIG["image"]
+    assert build["with"]["context"] == "addon"
+    assert "io.hass.type=addon" in build["with"]["labels"]
+
+
+def test_backups_are_cold_and_keep_the_users_own_models() -> None:
+    """The SQLite index is copied closed (cold), and only the packaged models' copy is left
+    out: a `*.gguf` pattern dropped the user's own models, contrary to the documentation."""
+    assert CONFIG["backup"] == "cold"
+    assert CONFIG["backup_exclude"] == ["models"]
 
 
 def test_the_gpu_image_command_is_a_valid_server_config() -> None:

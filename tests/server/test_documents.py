@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -222,6 +223,41 @@ def test_kill_9_mid_indexing_loses_nothing_and_duplicates_nothing(tmp_path) -> N
                                 "GROUP BY document_id, seq HAVING COUNT(*) > 1)").fetchone()[0]
         missing = db.execute("SELECT COUNT(*) FROM chunks WHERE vector IS NULL").fetchone()[0]
     assert duplicates == 0 and missing == 0
+
+
+def test_a_cold_backup_restores_every_acknowledged_document(tmp_path) -> None:
+    """What the add-on's cold backup does: the Supervisor stops the server (SIGTERM), copies
+    its data directory (the models left out), and a restore starts a server on the copy."""
+    live, restored = tmp_path / "live", tmp_path / "restored"
+    live.mkdir()
+    port = free_port()
+    settings = "wyoming: {enabled: false}\nstt: {enabled: false}\ntts: {enabled: false}\n"
+    (live / "fairlane.yaml").write_text(f"server: {{port: {port}, data_dir: {live}}}\n" + settings)
+    url = f"http://127.0.0.1:{port}"
+    process = _start(live / "fairlane.yaml", port)
+    try:
+        acknowledged = [
+            _request(f"{url}/v1/documents", "POST",
+                     {"text": f"Note {i}: the {thing} is serviced in spring.",
+                      "title": thing})["id"]
+            for i, thing in enumerate(["boiler", "fridge", "car", "garden", "gate"] * 4)
+        ]
+    finally:
+        process.terminate()  # what the Supervisor sends before a cold backup
+        process.wait(timeout=60)
+    shutil.copytree(live, restored, ignore=shutil.ignore_patterns("models"))
+    port = free_port()
+    (restored / "fairlane.yaml").write_text(
+        f"server: {{port: {port}, data_dir: {restored}}}\n" + settings)
+    process = _start(restored / "fairlane.yaml", port)
+    try:
+        documents = _request(f"http://127.0.0.1:{port}/v1/documents")["data"]
+        instance = _request(f"http://127.0.0.1:{port}/health")["instance_id"]
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    assert {d["id"] for d in documents} == set(acknowledged)
+    assert (live / "instance_id").read_text().strip() == instance  # the same server, restored
 
 
 # --- summaries ---------------------------------------------------------------------------------
