@@ -65,7 +65,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.what == "scheduler":
         result: object = scheduler_decision_time(sizes=args.sizes, steps=args.steps)
     elif args.what == "engine":
-        result = llm.engine_costs(threads)
+        result = llm.engine_costs(threads, args.gpu_layers)
     elif args.what == "embed":
         from fairlane.bench.embed import embed_bench, search_latency
 
@@ -300,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--background", type=int, default=2, help="interference: concurrent background streams"
+    )
+    bench.add_argument(
+        "--gpu-layers",
+        type=int,
+        default=0,
+        help="engine: layers of the model offloaded to the GPU (999: all)",
     )
     bench.add_argument(
         "--set",

@@ -46,8 +46,9 @@ def _ms(value: float | None) -> str:
 # --- engine step costs --------------------------------------------------------------------------
 
 
-def engine_costs(threads: int) -> dict[str, Any]:
-    """Prefill cost per token and decode iteration time at 1/2/4/8 sequences, on this machine."""
+def engine_costs(threads: int, gpu_layers: int = 0) -> dict[str, Any]:
+    """Prefill cost per token and decode iteration time at 1/2/4/8 sequences, on this machine
+    (with `gpu_layers` layers offloaded: 999 puts the whole model on the GPU)."""
     from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams
     from fairlane.policy import Chunk, LlmPlan, Priority
 
@@ -58,12 +59,14 @@ def engine_costs(threads: int) -> dict[str, Any]:
             n_seq_max=8,
             n_batch=512,
             n_threads=threads,
+            n_gpu_layers=gpu_layers,
         )
     )
     tokens = engine.tokenize(MANUAL * 40)
     params = SamplingParams(max_tokens=1000, temperature=0)
     out: dict[str, Any] = {
         "threads": engine.threads,
+        "device": engine.placement.as_dict(),
         "prefill_ms_per_token": {},
         "decode_ms_per_iteration": {},
     }
