@@ -3,7 +3,7 @@
 # environment with the CUDA builds): does each engine really run on the GPU?
 #
 #   scripts/gpu-smoke.sh                      # `fairlane` on PATH (a venv), GPU settings
-#   FAIRLANE="docker run --rm --gpus all --network host fairlane:cuda" scripts/gpu-smoke.sh
+#   FAIRLANE="docker run --rm --gpus all --network host --entrypoint fairlane fairlane:cuda" scripts/gpu-smoke.sh
 #   scripts/gpu-smoke.sh --cpu                # rehearsal on a machine without a GPU
 #
 # It starts the server with every engine on the GPU, prints each engine's device (asked for,
