@@ -65,7 +65,14 @@ def _bench(args: argparse.Namespace) -> int:
     if args.what == "scheduler":
         result: object = scheduler_decision_time(sizes=args.sizes, steps=args.steps)
     elif args.what == "engine":
-        result = llm.engine_costs(threads, args.gpu_layers)
+        result = llm.engine_costs(
+            threads,
+            args.gpu_layers,
+            Path(args.model) if args.model else None,
+            tuple(args.prefill_sizes),
+            tuple(args.decode_sizes),
+            tuple(args.context_sizes),
+        )
     elif args.what == "embed":
         from fairlane.bench.embed import embed_bench, search_latency
 
@@ -300,6 +307,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--background", type=int, default=2, help="interference: concurrent background streams"
+    )
+    bench.add_argument("--model", help="engine: a GGUF file instead of the default model")
+    bench.add_argument(
+        "--prefill-sizes",
+        type=int,
+        nargs="+",
+        default=[64, 256, 512],
+        help="engine: prompt chunk sizes to time",
+    )
+    bench.add_argument(
+        "--decode-sizes",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4, 8],
+        help="engine: numbers of sequences decoding together",
+    )
+    bench.add_argument(
+        "--context-sizes",
+        type=int,
+        nargs="*",
+        default=[],
+        help="engine: context lengths before one sequence's decode iteration",
     )
     bench.add_argument(
         "--gpu-layers",

@@ -201,7 +201,9 @@ def test_s6_services_are_complete() -> None:
                    ADDON / "rootfs" / "usr" / "local" / "bin" / "fairlane"):
         assert os.access(script, os.X_OK), script
     scripts = [str(S6 / "fairlane" / "run"), str(S6 / "fairlane" / "finish"),
-               str(S6 / "discovery" / "run"), str(ROOT / "scripts" / "gpu-smoke.sh")]
+               str(S6 / "discovery" / "run"), str(ROOT / "scripts" / "gpu-smoke.sh"),
+               str(ROOT / "scripts" / "gpu-evidence.sh"),
+               str(ROOT / "scripts" / "gpu-evidence-pack.sh")]
     result = subprocess.run([BIN / "shellcheck", "-s", "bash", *scripts], capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stdout

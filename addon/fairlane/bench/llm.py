@@ -46,32 +46,50 @@ def _ms(value: float | None) -> str:
 # --- engine step costs --------------------------------------------------------------------------
 
 
-def engine_costs(threads: int, gpu_layers: int = 0) -> dict[str, Any]:
-    """Prefill cost per token and decode iteration time at 1/2/4/8 sequences, on this machine
-    (with `gpu_layers` layers offloaded: 999 puts the whole model on the GPU)."""
+def engine_costs(
+    threads: int,
+    gpu_layers: int = 0,
+    model: Path | None = None,
+    prefill_sizes: tuple[int, ...] = (64, 256, 512),
+    decode_sizes: tuple[int, ...] = (1, 2, 4, 8),
+    context_sizes: tuple[int, ...] = (),
+) -> dict[str, Any]:
+    """Prefill cost per token at each chunk size, one decode iteration at each number of
+    sequences, and (with `context_sizes`) one sequence's decode iteration after a prompt of
+    each length: the terms of the cost model, on this machine. `model`: another GGUF than the
+    default (the GPU evidence uses random-weight models of real shapes); `gpu_layers`: layers
+    offloaded (999: all)."""
     from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams
     from fairlane.policy import Chunk, LlmPlan, Priority
 
+    longest = max((*prefill_sizes, *context_sizes, 64))
+    n_seq = max(decode_sizes)
+    n_ctx = max(4096, n_seq * 96, longest + 64)
     engine = LlamaEngine(
         EngineConfig(
-            models.resolve_llm(models.DEFAULT_LLM),
-            n_ctx=4096,
-            n_seq_max=8,
-            n_batch=512,
+            model or models.resolve_llm(models.DEFAULT_LLM),
+            n_ctx=n_ctx,
+            n_seq_max=max(8, n_seq),
+            n_batch=max(512, max(prefill_sizes)),
             n_threads=threads,
             n_gpu_layers=gpu_layers,
         )
     )
     tokens = engine.tokenize(MANUAL * 40)
+    while len(tokens) < longest:
+        tokens += tokens
     params = SamplingParams(max_tokens=1000, temperature=0)
     out: dict[str, Any] = {
         "threads": engine.threads,
+        "model": str(model or models.DEFAULT_LLM),
         "device": engine.placement.as_dict(),
+        "n_ctx": n_ctx,
         "prefill_ms_per_token": {},
         "decode_ms_per_iteration": {},
+        "context_decode_ms": {},
     }
     print(f"engine step costs, {engine.threads} threads (median of repeats)")
-    for size in (64, 256, 512):
+    for size in prefill_sizes:
         times = []
         for _ in range(3):
             engine.add("p", tokens[:size], params)
@@ -80,38 +98,49 @@ def engine_costs(threads: int, gpu_layers: int = 0) -> dict[str, Any]:
             engine.release("p")
             times.append(result.elapsed_s)
         per_token = sorted(times)[1] / size
-        out["prefill_ms_per_token"][size] = round(per_token * 1000, 2)
+        out["prefill_ms_per_token"][size] = round(per_token * 1000, 4)
         print(f"  prefill {size:>4} tokens: {per_token * 1000:.2f} ms/token")
-    for seqs in (1, 2, 4, 8):
-        for i in range(seqs):
-            engine.add(f"s{i}", tokens[:64], params)
-        engine.execute(
-            LlmPlan(
-                tuple(Chunk(f"s{i}", 0, 64, True, False, Priority.CHAT) for i in range(seqs)),
-                (),
-                0.0,
-                0,
-            )
-        )
-        times = []
-        for step in range(12):
-            plan = LlmPlan(
-                tuple(Chunk(f"s{i}", 64 + step, 1, True, True, Priority.CHAT) for i in range(seqs)),
-                (),
-                0.0,
-                0,
-            )
-            times.append(engine.execute(plan)[0].elapsed_s)
-        for i in range(seqs):
-            engine.release(f"s{i}")
-        median = sorted(times)[len(times) // 2]
-        out["decode_ms_per_iteration"][seqs] = round(median * 1000, 1)
+    for seqs in decode_sizes:
+        median = _decode_median(engine, tokens, params, seqs, 64)
+        out["decode_ms_per_iteration"][seqs] = round(median * 1000, 2)
         print(
             f"  decode, {seqs} sequences: {median * 1000:.1f} ms/iteration "
             f"({seqs / median:.0f} tok/s)"
         )
+    for context in context_sizes:
+        median = _decode_median(engine, tokens, params, 1, context)
+        out["context_decode_ms"][context] = round(median * 1000, 2)
+        print(f"  decode after {context:>5} tokens of context: {median * 1000:.1f} ms")
     engine.close()
     return out
+
+
+def _decode_median(engine: Any, tokens: list[int], params: Any, seqs: int, prompt: int) -> float:
+    """The median of 12 decode iterations of `seqs` sequences, each after `prompt` tokens."""
+    from fairlane.policy import Chunk, LlmPlan, Priority
+
+    for i in range(seqs):
+        engine.add(f"s{i}", tokens[:prompt], params)
+    engine.execute(
+        LlmPlan(
+            tuple(Chunk(f"s{i}", 0, prompt, True, False, Priority.CHAT) for i in range(seqs)),
+            (),
+            0.0,
+            0,
+        )
+    )
+    times = []
+    for step in range(12):
+        plan = LlmPlan(
+            tuple(Chunk(f"s{i}", prompt + step, 1, True, True, Priority.CHAT) for i in range(seqs)),
+            (),
+            0.0,
+            0,
+        )
+        times.append(engine.execute(plan)[0].elapsed_s)
+    for i in range(seqs):
+        engine.release(f"s{i}")
+    return float(sorted(times)[len(times) // 2])
 
 
 # --- throughput against llama-server -------------------------------------------------------------
