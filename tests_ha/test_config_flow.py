@@ -152,6 +152,21 @@ async def test_discovery_never_takes_over_an_entry_of_another_server(
     assert other.data[CONF_HOST] == "192.0.2.7"
 
 
+async def test_discovery_does_not_duplicate_an_entry_still_without_an_id(
+    hass: HomeAssistant, fairlane_server: RunningServer
+) -> None:
+    """An entry moved from version 1 has no id until it next loads; the add-on announcing
+    itself first (Home Assistant starting) must not offer the same server a second time."""
+    waiting = fairlane_entry(
+        {CONF_HOST: fairlane_server.host, CONF_PORT: fairlane_server.port, CONF_TOKEN: "t"}
+    )
+    waiting.add_to_hass(hass)
+    result = await hass.config_entries.flow.async_init(
+        DOMAIN, context={"source": config_entries.SOURCE_HASSIO}, data=_discovery(fairlane_server)
+    )
+    assert result["type"] is FlowResultType.ABORT and result["reason"] == "already_configured"
+
+
 async def test_a_refused_token_starts_reauth_and_the_new_token_loads_the_entry(
     hass: HomeAssistant, fairlane_server: RunningServer
 ) -> None:

@@ -187,6 +187,11 @@ class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
         # that was reconfigured to another server.
         await self.async_set_unique_id(info.instance_id or discovery_info.uuid)
         self._abort_if_unique_id_configured(updates=self._discovered)
+        # An entry at this very address that has no id yet (from before servers had one; it
+        # takes the id when it next loads) is this server too: no second entry for it.
+        self._async_abort_entries_match(
+            {CONF_HOST: self._discovered[CONF_HOST], CONF_PORT: self._discovered[CONF_PORT]}
+        )
         self.context["title_placeholders"] = {"name": discovery_info.name}
         return await self.async_step_hassio_confirm()
 
