@@ -102,7 +102,9 @@ def auth_middleware(token: str | None, stats_readers: tuple[str, ...] = ()) -> A
             return await handler(request)
         supplied = request.headers.get("Authorization", "")
         scheme, _, value = supplied.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip(), token):
+        # Bytes: compare_digest refuses str with non-ASCII characters (a 500 before).
+        given = value.strip().encode("utf-8", "surrogateescape")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, token.encode()):
             return ApiError(
                 401,
                 "missing or wrong bearer token",

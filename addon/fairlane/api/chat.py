@@ -210,7 +210,8 @@ def _output_grammar(response_format: dict[str, Any] | None) -> str | None:
     schema = response_format["json_schema"]["schema"]
     try:
         return str(llama_grammar.json_schema_to_gbnf(json.dumps(schema)))
-    except (ValueError, KeyError, TypeError, RecursionError) as err:
+    except (ValueError, KeyError, TypeError, RecursionError, AssertionError, IndexError) as err:
+        # llama.cpp's converter asserts what it cannot do (a `pattern` without ^…$, …).
         raise ApiError(
             400, f"unsupported JSON schema: {err}", param="response_format.json_schema"
         ) from err

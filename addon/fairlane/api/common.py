@@ -12,6 +12,7 @@ from typing import Any
 
 import voluptuous as vol
 from aiohttp import BodyPartReader, ClientPayloadError, web
+from aiohttp.http_exceptions import HttpProcessingError
 from wyoming.server import AsyncTcpServer
 
 from fairlane import config as config_mod
@@ -81,11 +82,22 @@ def validate(schema: vol.Schema, data: Any) -> dict[str, Any]:
 
 async def json_body(request: web.Request) -> Any:
     try:
-        return await request.json()
+        body = await request.json()
+        # A lone surrogate (`\ud800`) is valid JSON but not text: every later step that
+        # encodes the string (tokenizers, SQLite, the response) would fail on it.
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
     except json.JSONDecodeError as err:
         raise ApiError(400, f"the body is not valid JSON: {err.msg} at position {err.pos}") from err
     except UnicodeDecodeError as err:
         raise ApiError(400, "the body is not UTF-8 text") from err
+    except UnicodeEncodeError as err:
+        raise ApiError(
+            400, f"the body holds a lone surrogate ({err.object[err.start:err.end]!a}): "
+            "not Unicode text"
+        ) from err
+    except RecursionError as err:
+        raise ApiError(400, "the body's JSON is nested too deeply") from err
+    return body
 
 
 def request_class(request: web.Request, body: dict[str, Any], default: Priority) -> Priority:
@@ -215,7 +227,7 @@ async def read_form(request: web.Request) -> tuple[dict[str, str], tuple[bytes, 
                 upload = (bytes(data), filename, part.headers.get("Content-Type", ""))
             else:
                 fields[part.name] = (await part.text()).strip()
-    except (ValueError, AssertionError, ClientPayloadError) as err:
+    except (ValueError, AssertionError, ClientPayloadError, HttpProcessingError) as err:
         raise ApiError(400, f"the multipart body is malformed or truncated: {err}") from err
     return fields, upload
 

@@ -56,6 +56,10 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
             raise ApiError(
                 400, "sample_rate must be a whole number of Hz", param="sample_rate"
             ) from err
+        if not 1000 <= raw_rate <= 384_000:
+            raise ApiError(
+                400, "sample_rate must be between 1000 and 384000 Hz", param="sample_rate"
+            )
     try:
         audio = await asyncio.to_thread(decode_audio, data, raw_rate)
         utterance = Utterance(audio, fields.get("language") or None, fields.get("prompt") or None)
