@@ -418,7 +418,16 @@ def serve(args: argparse.Namespace) -> int:
         f"http://{cfg.server.host}:{cfg.server.port}",
         flush=True,
     )
-    web.run_app(app, host=cfg.server.host, port=cfg.server.port, print=None, handle_signals=True)
+    web.run_app(
+        app,
+        host=cfg.server.host,
+        port=cfg.server.port,
+        print=None,
+        handle_signals=True,
+        # A client that goes away cancels its handler: a non-streaming completion stops
+        # generating, as a stream does (documents are stored before they are acknowledged).
+        handler_cancellation=True,
+    )
     return 0
 
 
@@ -438,7 +447,7 @@ class BackgroundServer:
     def __init__(self, cfg: config_mod.Config) -> None:
         self.services = build_services(cfg)
         self.loop = asyncio.new_event_loop()
-        self.runner = web.AppRunner(create_app(self.services))
+        self.runner = web.AppRunner(create_app(self.services), handler_cancellation=True)
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", cfg.server.port)
         self.loop.run_until_complete(site.start())

@@ -285,3 +285,32 @@ def test_a_shared_system_prompt_is_prefilled_once(server: BackgroundServer) -> N
         prompt = reply.usage.prompt_tokens
     # The second turn computes only what follows the shared system prompt (~200 tokens).
     assert prefilled[0] >= prompt - 10 and prefilled[1] < 40
+
+
+def test_a_non_streaming_client_that_goes_away_stops_its_generation(server) -> None:
+    """Before, the reply went on for its whole max_tokens with no one to read it."""
+    import http.client
+
+    device, engine = server.services.device, server.services.engine
+    cancelled = server.services.telemetry.requests.labels("chat", "cancelled")
+    cancelled_before = cancelled._value.get()
+    held_before = set(device.policy.kv.held)
+    body = json.dumps({"messages": [{"role": "user", "content":
+                                     "Count from 1 to 1000, one number per line."}],
+                       "max_tokens": 2000, "temperature": 0.8}).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    connection.request("POST", "/v1/chat/completions", body,
+                       {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
+    deadline = time.monotonic() + 60
+    while not set(device.policy.kv.held) - held_before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    [request_id] = set(device.policy.kv.held) - held_before
+    time.sleep(0.5)  # a few tokens in
+    connection.close()  # the client goes away before the reply
+    deadline = time.monotonic() + 30
+    while (request_id in device.policy.kv.held or request_id in engine.sequences) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+    assert request_id not in device.policy.kv.held and request_id not in engine.sequences
+    assert cancelled._value.get() == cancelled_before + 1  # counted as cancelled, not served
