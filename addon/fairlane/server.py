@@ -84,7 +84,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         ).response()
     except web.HTTPException as err:
         if err.status >= 400:
-            return ApiError(err.status, err.reason, kind="invalid_request_error").response()
+            response = ApiError(err.status, err.reason, kind="invalid_request_error").response()
+            if isinstance(err, web.HTTPMethodNotAllowed):  # say which methods the route takes
+                response.headers["Allow"] = ", ".join(sorted(err.allowed_methods))
+            return response
         raise
 
 
@@ -95,7 +98,8 @@ PUBLIC_PATHS = frozenset({"/health", "/", "/dashboard"})
 def auth_middleware(token: str | None, stats_readers: tuple[str, ...] = ()) -> Any:
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if token is None or (request.method == "GET" and request.path in PUBLIC_PATHS):
+        public = request.method in ("GET", "HEAD") and request.path in PUBLIC_PATHS
+        if token is None or public:
             return await handler(request)
         reading_stats = request.method == "GET" and request.path == "/v1/stats"
         if reading_stats and request.remote in stats_readers:
@@ -258,8 +262,37 @@ def _step_summary(device: DeviceLoop, last: int = 50) -> list[dict[str, Any]]:
 # --- start-up ----------------------------------------------------------------------------------
 
 
+class StartupError(ValueError):
+    """Why the server cannot start, in one line for a person (`fairlane serve` prints it)."""
+
+
+def claim_data_dir(path: Path) -> Any:
+    """The data directory, made if needed and locked for this process: a second server on the
+    same directory would index into the same SQLite file and find nothing it had not written.
+    Returns the open lock file (the lock lasts as long as it is open)."""
+    import fcntl
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        lock = (path / ".lock").open("a")
+    except OSError as err:
+        raise StartupError(f"the data directory {path} cannot be used: {err.strerror}") from err
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        lock.close()
+        raise StartupError(f"another Fairlane server uses the data directory {path}") from err
+    return lock
+
+
 def build_services(cfg: config_mod.Config) -> Services:
     """Load the model, start the device loop: everything `serve` needs, ready to use."""
+    data_dir = Path(cfg.server.data_dir).expanduser()
+    data_lock = claim_data_dir(data_dir)
+    try:
+        identity = instance_id(data_dir)
+    except OSError as err:
+        raise StartupError(f"the data directory {data_dir} cannot be written: {err}") from err
     model_path = models.resolve_llm(cfg.llm.model)
     engine = LlamaEngine(
         EngineConfig(
@@ -346,7 +379,8 @@ def build_services(cfg: config_mod.Config) -> Services:
         voice=voice,
         embedder=embedder,
         embed_name=cfg.embed.model,
-        instance_id=instance_id(Path(cfg.server.data_dir).expanduser()),
+        instance_id=identity,
+        data_lock=data_lock,
         placements=placements,
         documents=DocumentStore(Path(cfg.server.data_dir).expanduser() / "fairlane.sqlite")
         if embedder is not None
@@ -418,16 +452,19 @@ def serve(args: argparse.Namespace) -> int:
         f"http://{cfg.server.host}:{cfg.server.port}",
         flush=True,
     )
-    web.run_app(
-        app,
-        host=cfg.server.host,
-        port=cfg.server.port,
-        print=None,
-        handle_signals=True,
-        # A client that goes away cancels its handler: a non-streaming completion stops
-        # generating, as a stream does (documents are stored before they are acknowledged).
-        handler_cancellation=True,
-    )
+    try:
+        web.run_app(
+            app,
+            host=cfg.server.host,
+            port=cfg.server.port,
+            print=None,
+            handle_signals=True,
+            # A client that goes away cancels its handler: a non-streaming completion stops
+            # generating, as a stream does (documents are stored before they are acknowledged).
+            handler_cancellation=True,
+        )
+    except OSError as err:  # a port taken, an address not here: one line, not a traceback
+        raise StartupError(f"cannot listen: {err.strerror or err}") from err
     return 0
 
 
@@ -466,6 +503,8 @@ class BackgroundServer:
         self.loop.close()
         self.services.device.stop()
         self.services.engine.close()
+        if self.services.data_lock is not None:
+            self.services.data_lock.close()  # the data directory is free again
 
     def __enter__(self) -> BackgroundServer:
         return self

@@ -93,3 +93,67 @@ def test_required_devices_refuse_to_start_with_one_line(tmp_path) -> None:
     assert done.returncode == 2
     [line] = [line for line in done.stderr.splitlines() if line.startswith("fairlane: ")]
     assert "llm asked for cuda and runs on cpu" in line and "require_devices" in line
+
+
+def _serve(tmp_path, *extra: str, data_dir=None, timeout: float = 300):
+    config = tmp_path / "one-line.yaml"
+    config.write_text(f"wyoming: {{port: 0}}\nserver: {{data_dir: {data_dir or tmp_path}}}\n")
+    return subprocess.run([sys.executable, "-m", "fairlane", "serve", "--config", str(config),
+                           "--port", str(free_port()), *extra],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line(done: subprocess.CompletedProcess) -> str:
+    """Start-up errors are one `fairlane: …` line and exit code 2, not a traceback."""
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("fairlane: ")]
+    return line
+
+
+def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path) -> None:
+    port = free_port()
+    config = tmp_path / "first.yaml"
+    config.write_text(f"wyoming: {{port: 0}}\nserver: {{data_dir: {tmp_path}}}\n")
+    first = [sys.executable, "-m", "fairlane", "serve", "--port", str(port),
+             "--config", str(config)]
+    with ServerProcess(first, port):
+        assert "another Fairlane server uses the data directory" in _one_line(_serve(tmp_path))
+
+
+def test_an_unusable_data_dir_is_one_line(tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert "cannot be used" in _one_line(_serve(tmp_path, data_dir=blocker / "data"))
+
+
+def test_a_taken_wyoming_port_is_one_line(tmp_path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = _one_line(_serve(tmp_path, "--set", f"wyoming.port={port}"))
+    assert "cannot listen" in line
+
+
+def test_head_health_needs_no_token_and_a_wrong_method_says_which_are_right(tmp_path) -> None:
+    port = free_port()
+    config = tmp_path / "fairlane.yaml"
+    config.write_text(f"wyoming: {{port: 0}}\nserver: {{data_dir: {tmp_path}, token: t}}\n")
+    argv = [sys.executable, "-m", "fairlane", "serve", "--port", str(port), "--config",
+            str(config)]
+    with ServerProcess(argv, port) as server:
+        head = urllib.request.Request(f"{server.url}/health", method="HEAD")
+        with urllib.request.urlopen(head, timeout=30) as response:
+            assert response.status == 200
+        wrong = urllib.request.Request(f"{server.url}/v1/chat/completions", method="GET",
+                                       headers={"Authorization": "Bearer t"})
+        try:
+            urllib.request.urlopen(wrong, timeout=30)
+        except urllib.error.HTTPError as err:
+            assert err.code == 405 and "POST" in err.headers["Allow"]
+            assert json.loads(err.read())["error"]["message"]
+        else:
+            raise AssertionError("GET on a POST route was accepted")

@@ -197,6 +197,7 @@ class Services:
     started_at: float = field(default_factory=time.time)
     instance_id: str = ""  # this server's stable id (`fairlane.identity`)
     placements: list[Placement] = field(default_factory=list)  # where each engine runs
+    data_lock: Any = None  # the data directory's lock file, held while the server runs
 
 
 SERVICES = web.AppKey("services", Services)
