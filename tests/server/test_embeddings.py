@@ -119,3 +119,20 @@ def test_chat_during_a_large_ingestion_is_planned_at_the_next_boundary(server) -
         if Priority.BACKGROUND in r.classes and len(r.request_ids) > 1:
             bound = config.slice_s if arrival <= r.start <= chat_end else config.arrival_wait_s
             assert r.predicted_s <= bound + 1e-9
+
+
+def test_more_texts_than_the_class_queue_holds_is_a_400_not_a_429(server) -> None:
+    """Each text waits as one request of its class: 129 texts at class chat could never be
+    admitted (its queue holds 128), even on an idle server. Before, a 429 to retry forever."""
+    from tests.server.test_chat_api import http
+
+    texts = [f"note {i}" for i in range(129)]
+    status, body = http(server, "POST", "/v1/embeddings",
+                        {"input": texts, "fairlane_class": "chat"})
+    assert status == 400 and body["error"]["code"] == "does_not_fit"
+    assert "at most 128 texts" in body["error"]["message"]
+    status, body = http(server, "POST", "/v1/embeddings",
+                        {"input": texts[:128], "fairlane_class": "chat"})
+    assert status == 200 and len(body["data"]) == 128
+    status, _ = http(server, "POST", "/v1/embeddings", {"input": texts})  # background
+    assert status == 200

@@ -23,7 +23,7 @@ from fairlane.api.common import (
     services_of,
     validate,
 )
-from fairlane.policy import Kind, Priority, Request
+from fairlane.policy import FairlaneScheduler, Kind, Priority, Request
 
 # --- embeddings ----------------------------------------------------------------------------------
 
@@ -71,6 +71,17 @@ async def embeddings(request: web.Request) -> web.Response:
             param="dimensions",
         )
     priority = request_class(request, body, Priority.BACKGROUND)
+    # Each text waits as one request of its class: more texts than the class's queue holds
+    # could never be admitted, so that is a 400 that says why, not a 429 to retry forever.
+    limit = svc.device.policy.config.queue_limit[priority]
+    if isinstance(svc.device.policy, FairlaneScheduler) and len(texts) > limit:
+        raise ApiError(
+            400,
+            f"input: a {priority.label} request may hold at most {int(limit)} texts (its "
+            "queue's length); send more at class background, or in smaller requests",
+            param="input",
+            code="does_not_fit",
+        )
     client = body.get("user") or "anonymous"
     token_ids = await asyncio.to_thread(svc.embedder.tokenize, texts)
     deadline_s = request_deadline(request, body)
