@@ -90,6 +90,14 @@ def _bench(args: argparse.Namespace) -> int:
         from fairlane.bench.voice import voice
 
         result = voice(Path(args.fixtures), threads, args.rounds, args.targets or "fairlane")
+    elif args.what in ("overload", "soak"):
+        from fairlane.bench import overload
+
+        duration = args.duration or (60.0 if args.what == "overload" else 300.0)
+        result = overload.run(
+            args.what, duration, args.hang_s, args.factor, args.url, args.pid, args.token
+        )
+        print(overload.format_summary(args.what, result))
     elif args.what == "throughput":
         result = llm.throughput(args.streams, threads, args.max_tokens, args.rounds)
     else:
@@ -287,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
             "embed",
             "family",
             "voice",
+            "overload",
+            "soak",
         ],
     )
     bench.add_argument(
@@ -359,7 +369,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--phases", default="interactive,background,mixed", help="family: phases, comma-separated"
     )
     bench.add_argument("--profile", default="cpu-2core", help="family: the profile for the SLOs")
-    bench.add_argument("--duration", type=float, help="family: seconds a phase (default: all)")
+    bench.add_argument(
+        "--duration",
+        type=float,
+        help="family: seconds a phase (default: all); overload, soak: seconds of load "
+        "(default 60 and 300)",
+    )
+    bench.add_argument(
+        "--factor", type=float, default=3.0, help="overload: clients per queue-limit place"
+    )
+    bench.add_argument(
+        "--hang-s",
+        type=float,
+        default=120.0,
+        help="overload, soak: a request with no answer after this long counts as hung",
+    )
+    bench.add_argument("--url", help="overload, soak: a running server (default: start one)")
+    bench.add_argument("--pid", type=int, help="overload, soak: that server's process, for RSS")
+    bench.add_argument("--token", help="overload, soak: that server's bearer token")
     bench.add_argument("--plot", help="family: write a PNG of the results here")
     bench.add_argument("--json", help="write the figures here")
     bench.set_defaults(func=_bench)

@@ -110,6 +110,12 @@ class DeviceLoop:
                 self.engines[request.kind].release(request.id)  # it never ran
             return admission
 
+    def quick_refusal(self, priority: Priority) -> Admission | None:
+        """The policy's refusal of any new request of this class (a full queue), asked before
+        a handler spends time on the request; None when it may go on."""
+        with self._lock:
+            return self.policy.quick_refusal(priority)
+
     def cancel(self, request_id: str) -> bool:
         """Drop a request; a running sequence leaves at the next iteration, its KV freed.
 

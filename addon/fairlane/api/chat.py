@@ -24,6 +24,7 @@ from fairlane.api.common import (
     Services,
     deadline_passed,
     json_body,
+    refuse_early,
     refused,
     request_class,
     request_deadline,
@@ -245,6 +246,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             400, f"this model cannot chat: {svc.template_error}", code="no_chat_template"
         )
     priority = request_class(request, body, Priority.CHAT)
+    refuse_early(svc, priority)
     if any(isinstance(m.get("content"), list) for m in body["messages"]):
         # Parts may hold files to read (PDFs take a while): off the event loop.
         body["messages"] = await asyncio.to_thread(read_parts, body["messages"], svc.model_name)

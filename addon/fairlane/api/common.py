@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -44,8 +45,10 @@ class ApiError(Exception):
         kind: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers or {}
         self.status, self.message, self.kind, self.param, self.code = (
             status,
             message,
@@ -63,7 +66,7 @@ class ApiError(Exception):
                 "code": self.code,
             }
         }
-        return web.json_response(body, status=self.status)
+        return web.json_response(body, status=self.status, headers=self.headers)
 
 
 PRIORITY_NAMES = [p.label for p in Priority]
@@ -161,15 +164,36 @@ def refused(admission: Admission) -> ApiError:
     """Admission control's answer for the client: 429 when a retry may succeed (a full queue,
     a deadline the backlog cannot meet), 400 when it never will (too large)."""
     if admission.retryable:
+        # When to try again: after the predicted wait, or in a second for a full queue.
+        retry_s = max(1, math.ceil(admission.predicted_wait_s))
         return ApiError(
-            429, f"request refused: {admission.reason}", kind="overloaded", code="refused"
+            429,
+            f"request refused: {admission.reason}",
+            kind="overloaded",
+            code="refused",
+            headers={"Retry-After": str(retry_s)},
         )
     return ApiError(400, f"request refused: {admission.reason}", code="does_not_fit")
 
 
+def refuse_early(svc: Services, priority: Priority) -> None:
+    """Rule 9, before any work on the request: a class whose queue is full is refused at once
+    (an overloaded server answers 429s fast instead of rendering and tokenizing each one)."""
+    admission = svc.device.quick_refusal(priority)
+    if admission is not None:
+        svc.telemetry.refuse(priority)
+        raise refused(admission)
+
+
 def deadline_passed(reason: str) -> ApiError:
     """A waiting request dropped when its deadline passed (rule 9)."""
-    return ApiError(429, f"request expired: {reason}", kind="overloaded", code="deadline_exceeded")
+    return ApiError(
+        429,
+        f"request expired: {reason}",
+        kind="overloaded",
+        code="deadline_exceeded",
+        headers={"Retry-After": "1"},
+    )
 
 
 # --- the application -------------------------------------------------------------------------

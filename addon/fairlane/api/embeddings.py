@@ -16,6 +16,7 @@ from fairlane.api.common import (
     Services,
     deadline_passed,
     json_body,
+    refuse_early,
     refused,
     request_class,
     request_deadline,
@@ -82,6 +83,7 @@ async def embeddings(request: web.Request) -> web.Response:
             param="input",
             code="does_not_fit",
         )
+    refuse_early(svc, priority)
     client = body.get("user") or "anonymous"
     token_ids = await asyncio.to_thread(svc.embedder.tokenize, texts)
     deadline_s = request_deadline(request, body)

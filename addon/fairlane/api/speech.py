@@ -10,6 +10,7 @@ from fairlane.api.common import (
     ApiError,
     deadline_passed,
     read_form,
+    refuse_early,
     refused,
     request_class,
     request_deadline,
@@ -48,6 +49,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
             param="response_format",
         )
     priority = request_class(request, fields, Priority.VOICE)
+    refuse_early(svc, priority)
     raw_rate = None
     if content_type in RAW_PCM_TYPES or filename.endswith((".pcm", ".raw")):
         try:

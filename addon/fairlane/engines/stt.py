@@ -48,30 +48,72 @@ class TranscriptEvent:
     finish_reason: str = "stop"
 
 
-def decode_audio(data: bytes, raw_pcm_rate: int | None = None) -> np.ndarray:
+# The most audio one request may bring, silence included (VAD trims it to at most WINDOW_S of
+# speech): checked while decoding, so a long or oddly declared file never fills memory.
+MAX_DECODE_S = 120.0
+
+
+def decode_audio(
+    data: bytes, raw_pcm_rate: int | None = None, max_s: float = MAX_DECODE_S
+) -> np.ndarray:
     """Any container PyAV reads (WAV, FLAC, MP3, OGG…) → float32 16 kHz mono.
 
-    `raw_pcm_rate` marks headerless signed 16-bit little-endian mono PCM at that rate.
+    `raw_pcm_rate` marks headerless signed 16-bit little-endian mono PCM at that rate. Audio
+    longer than `max_s` is refused before it is resampled (its length is counted in the
+    source's own samples, frame by frame).
     """
-    from faster_whisper.audio import decode_audio as av_decode
-
     if not data:
         raise AudioError("the audio file is empty")
     if raw_pcm_rate is not None:
         if len(data) % 2:
             raise AudioError("raw PCM must be whole 16-bit samples (an odd number of bytes came)")
+        _check_length(len(data) / 2 / raw_pcm_rate, max_s)
         samples = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-        if raw_pcm_rate != SAMPLE_RATE:
-            data = _wav_bytes(samples, raw_pcm_rate)  # let PyAV's resampler do the rate
-        else:
+        if raw_pcm_rate == SAMPLE_RATE:
             return samples
+        data = _wav_bytes(samples, raw_pcm_rate)  # let PyAV's resampler do the rate
     try:
-        audio = av_decode(io.BytesIO(data), sampling_rate=SAMPLE_RATE)
+        audio = _decode_capped(data, max_s)
+    except AudioError:
+        raise
     except Exception as err:  # PyAV raises many types for bad input; all mean the same here
         raise AudioError(f"could not decode the audio: {err}") from err
     if audio.size == 0:
         raise AudioError("the audio holds no samples (truncated or empty)")
-    return np.asarray(audio, dtype=np.float32)
+    return audio
+
+
+def _check_length(seconds: float, max_s: float) -> None:
+    if seconds > max_s:
+        raise AudioError(
+            f"the audio is longer than {max_s:.0f} s, the most one request may bring: "
+            "send one utterance"
+        )
+
+
+def _decode_capped(data: bytes, max_s: float) -> np.ndarray:
+    """PyAV's decode and resample to 16 kHz mono, one frame at a time, stopping at `max_s`."""
+    import av
+
+    resampler = av.audio.resampler.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+    pieces: list[np.ndarray] = []
+    seconds = 0.0
+    with av.open(io.BytesIO(data), mode="r", metadata_errors="ignore") as container:
+        frames = container.decode(audio=0)
+        while True:
+            try:
+                frame = next(frames)
+            except StopIteration:
+                break
+            except av.error.InvalidDataError:  # a damaged frame: skip it, as Whisper does
+                continue
+            seconds += frame.samples / (frame.sample_rate or SAMPLE_RATE)
+            _check_length(seconds, max_s)
+            pieces.extend(f.to_ndarray().reshape(-1) for f in resampler.resample(frame))
+        pieces.extend(f.to_ndarray().reshape(-1) for f in resampler.resample(None))
+    if not pieces:
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate(pieces).astype(np.float32) / 32768.0
 
 
 def _wav_bytes(samples: np.ndarray, rate: int) -> bytes:

@@ -166,6 +166,11 @@ class Policy(ABC):
         """The most KV positions (prompt + output) one request of this class may hold."""
         return self.kv.capacity_tokens
 
+    def quick_refusal(self, priority: Priority) -> Admission | None:
+        """A refusal known before the request is read further (its class's queue is full):
+        the server answers it without rendering or tokenizing anything. None: go on."""
+        return None
+
     def _admission_refusal(self, request: Request, now: float) -> Admission | None:
         """A reason to refuse the request at once, or None to accept it (rule 9)."""
         return None

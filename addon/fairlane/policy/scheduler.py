@@ -606,9 +606,9 @@ class FairlaneScheduler(Policy):
         """Rule 9: refuse at once what cannot be served in time, with a reason a person can
         read. (A request too large ever to fit was refused before this, for good.)"""
         priority = request.priority
-        waiting = sum(len(self.waiting[k, priority]) for k in Kind)
-        if waiting >= self.config.queue_limit[priority]:
-            return Admission(False, f"the {priority.label} queue is full ({waiting} waiting)")
+        full = self.quick_refusal(priority)
+        if full is not None:
+            return full
         deadline_ms = self.config.deadline_ms[priority]
         if request.deadline_s is None and deadline_ms is not None:
             request.deadline_s = deadline_ms / 1000.0
@@ -621,6 +621,12 @@ class FairlaneScheduler(Policy):
                     f"{request.deadline_s * 1000:.0f} ms deadline of this {priority.label} request",
                     predicted_wait_s=wait_s,
                 )
+        return None
+
+    def quick_refusal(self, priority: Priority) -> Admission | None:
+        waiting = sum(len(self.waiting[k, priority]) for k in Kind)
+        if waiting >= self.config.queue_limit[priority]:
+            return Admission(False, f"the {priority.label} queue is full ({waiting} waiting)")
         return None
 
     def _predicted_wait(self, request: Request) -> float:

@@ -1,0 +1,305 @@
+"""Overload and soak: what a household server does when it gets more than it can serve.
+
+`overload` keeps `factor` × each interactive class's queue limit of streaming chat requests
+open at once (voice and chat, unique prompts) for `duration_s`, then lets them drain. `soak`
+runs a light mixed load (chat, voice, embeddings, documents) for `duration_s`. Both poll
+`/health` the way the add-on's watchdog does and sample the server's resident memory, and both
+count what a person would call a failure:
+
+- **5xx**: any server error;
+- **hung**: a request with no first token, no result and no error within `hang_s`;
+- **resets**: connections refused or reset, and responses cut off without an error;
+- **time to refusal**: how long a 429 took to arrive (a refusal should be fast);
+- **health**: how long `/health` took to answer while the load ran;
+- **RSS**: the server's resident memory at the start, its peak, and at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+# What a turn looks like: a short question, a short answer (the load is the count of requests).
+QUESTIONS = (
+    "What is a good name for a cat?",
+    "Give me one tip for sleeping better.",
+    "Say hello to the family.",
+    "What should I cook with rice and eggs?",
+)
+
+
+@dataclass
+class Outcome:
+    """One request as the client saw it."""
+
+    kind: str
+    sent: float
+    status: int | None = None  # HTTP status; None when no response came
+    first: float | None = None  # first token, result or error body
+    done: float | None = None
+    error: str | None = None  # "reset", "hung", "cut off" or the error's code
+
+
+@dataclass
+class Report:
+    outcomes: list[Outcome] = field(default_factory=list)
+    health_s: list[float] = field(default_factory=list)
+    health_failures: int = 0
+    rss_mb: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        statuses = Counter(str(o.status) if o.status else o.error for o in self.outcomes)
+        refusals = [o.first - o.sent for o in self.outcomes if o.status == 429 and o.first]
+        served = [o for o in self.outcomes if o.status == 200 and o.first is not None]
+        by_kind: dict[str, Any] = {}
+        for kind in sorted({o.kind for o in self.outcomes}):
+            mine = [o for o in served if o.kind == kind]
+            waits = [o.first - o.sent for o in mine if o.first is not None]
+            by_kind[kind] = {
+                "sent": sum(o.kind == kind for o in self.outcomes),
+                "served": len(mine),
+                "first_p50_s": _pct(waits, 50),
+                "first_p95_s": _pct(waits, 95),
+            }
+        return {
+            "requests": len(self.outcomes),
+            "statuses": dict(sorted(statuses.items())),
+            "5xx": sum(1 for o in self.outcomes if o.status and o.status >= 500),
+            "hung": sum(o.error == "hung" for o in self.outcomes),
+            "resets": sum(o.error in ("reset", "cut off") for o in self.outcomes),
+            "refusal_p50_s": _pct(refusals, 50),
+            "refusal_p99_s": _pct(refusals, 99),
+            "refusal_max_s": round(max(refusals), 3) if refusals else None,
+            "health_p50_s": _pct(self.health_s, 50),
+            "health_max_s": round(max(self.health_s), 3) if self.health_s else None,
+            "health_failures": self.health_failures,
+            "rss_start_mb": self.rss_mb[0] if self.rss_mb else None,
+            "rss_peak_mb": max(self.rss_mb) if self.rss_mb else None,
+            "rss_end_mb": self.rss_mb[-1] if self.rss_mb else None,
+            "by_kind": by_kind,
+        }
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return round(values[0], 3)
+    return round(statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1], 3)
+
+
+def rss_mb(pid: int) -> float | None:
+    """The process's resident memory (Linux), in MB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+class Load:
+    """The clients: each coroutine sends one request at a time until the load stops."""
+
+    def __init__(self, url: str, token: str | None, hang_s: float, report: Report) -> None:
+        self.url = url
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.hang_s = hang_s
+        self.report = report
+        self.stopping = False
+
+    async def chat(self, session: aiohttp.ClientSession, klass: str, max_tokens: int) -> None:
+        body = {
+            "model": "default",
+            "messages": [{"role": "user", "content": _unique(QUESTIONS)}],
+            "max_tokens": max_tokens,
+            "stream": True,
+            "fairlane_class": klass,
+        }
+        await self._send(session, klass, "/v1/chat/completions", body, stream=True)
+
+    async def embed(self, session: aiohttp.ClientSession, texts: int) -> None:
+        body = {"input": [_unique(QUESTIONS) for _ in range(texts)], "fairlane_class": "chat"}
+        await self._send(session, "embeddings", "/v1/embeddings", body, stream=False)
+
+    async def document(self, session: aiohttp.ClientSession) -> None:
+        text = " ".join(_unique(QUESTIONS) for _ in range(40))
+        body = {"title": f"note {uuid.uuid4().hex[:8]}", "text": text}
+        await self._send(session, "documents", "/v1/documents", body, stream=False)
+
+    async def _send(
+        self, session: aiohttp.ClientSession, kind: str, path: str, body: Any, stream: bool
+    ) -> None:
+        outcome = Outcome(kind, time.monotonic())
+        self.report.outcomes.append(outcome)
+        try:
+            async with asyncio.timeout(self.hang_s):
+                async with session.post(self.url + path, json=body, headers=self.headers) as r:
+                    outcome.status = r.status
+                    if r.status != 200 or not stream:
+                        await r.read()
+                        outcome.first = outcome.done = time.monotonic()
+                        return
+                    finished = False
+                    async for raw in r.content:
+                        line = raw.decode(errors="replace").strip()
+                        if line == "data: [DONE]":
+                            finished = True
+                            break
+                        if not line.startswith("data:"):
+                            continue
+                        chunk = json.loads(line[5:])
+                        if "error" in chunk:
+                            outcome.error = str(chunk["error"].get("code") or "error")
+                            outcome.first = outcome.first or time.monotonic()
+                        elif outcome.first is None:
+                            outcome.first = time.monotonic()
+                    outcome.done = time.monotonic()
+                    if not finished and outcome.error is None:
+                        outcome.error = "cut off"
+        except TimeoutError:
+            outcome.error = "hung"
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError):
+            outcome.error = "reset"
+
+    async def loop(self, job: Any, *args: Any) -> None:
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            while not self.stopping:
+                await job(session, *args)
+
+
+def _unique(pool: tuple[str, ...]) -> str:
+    """A nonce first: no two requests share a cached prefix."""
+    return f"[{uuid.uuid4().hex[:12]}] {pool[hash(uuid.uuid4()) % len(pool)]}"
+
+
+async def _watch(url: str, pid: int | None, report: Report, stop: asyncio.Event) -> None:
+    """The watchdog's view: /health every second (30 s timeout), and the server's RSS."""
+    async with aiohttp.ClientSession() as session:
+        while not stop.is_set():
+            if pid is not None and (mb := rss_mb(pid)) is not None:
+                report.rss_mb.append(mb)
+            start = time.monotonic()
+            try:
+                async with asyncio.timeout(30), session.get(url + "/health") as r:
+                    await r.read()
+                    ok = r.status == 200
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                ok = False
+            report.health_s.append(time.monotonic() - start)
+            report.health_failures += not ok
+            with_rest = max(0.0, 1.0 - (time.monotonic() - start))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), with_rest)
+
+
+async def run_load(
+    url: str,
+    pid: int | None,
+    jobs: list[tuple[int, str, tuple[Any, ...]]],
+    duration_s: float,
+    hang_s: float,
+    token: str | None = None,
+) -> Report:
+    """Run `count` clients of each job for `duration_s`, then wait for the last requests (at
+    most `hang_s`, after which they count as hung)."""
+    report = Report()
+    load = Load(url, token, hang_s, report)
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(_watch(url, pid, report, stop))
+    clients = [
+        asyncio.create_task(load.loop(getattr(load, name), *args))
+        for count, name, args in jobs
+        for _ in range(count)
+    ]
+    await asyncio.sleep(duration_s)
+    load.stopping = True
+    await asyncio.gather(*clients)
+    await asyncio.sleep(2)  # memory after the load, before the watcher stops
+    stop.set()
+    await watcher
+    return report
+
+
+def overload_jobs(queue_limits: dict[str, int], factor: float) -> list[tuple[int, str, tuple[Any, ...]]]:
+    """`factor` × each interactive class's queue limit of clients, streaming short answers."""
+    return [
+        (round(factor * queue_limits["voice"]), "chat", ("voice", 64)),
+        (round(factor * queue_limits["chat"]), "chat", ("chat", 64)),
+    ]
+
+
+SOAK_JOBS: list[tuple[int, str, tuple[Any, ...]]] = [
+    (2, "chat", ("chat", 32)),
+    (1, "chat", ("voice", 16)),
+    (1, "embed", (16,)),
+    (1, "document", ()),
+]
+
+
+def format_summary(name: str, summary: dict[str, Any]) -> str:
+    keys = [
+        "requests",
+        "5xx",
+        "hung",
+        "resets",
+        "refusal_p50_s",
+        "refusal_max_s",
+        "health_p50_s",
+        "health_max_s",
+        "health_failures",
+        "rss_start_mb",
+        "rss_peak_mb",
+        "rss_end_mb",
+    ]
+    lines = [f"{name}: " + ", ".join(f"{k}={summary[k]}" for k in keys)]
+    lines.append(f"  statuses: {summary['statuses']}")
+    for kind, figures in summary["by_kind"].items():
+        lines.append(f"  {kind}: {figures}")
+    return "\n".join(lines)
+
+
+def run(
+    what: str,
+    duration_s: float,
+    hang_s: float,
+    factor: float,
+    url: str | None,
+    pid: int | None,
+    token: str | None,
+) -> dict[str, Any]:
+    """`fairlane bench overload|soak`: against `url` (with `pid` for its memory) or a fresh
+    `fairlane serve` on the default configuration and a temporary data directory."""
+    from fairlane.bench.servers import ServerProcess, free_port
+    from fairlane.policy.config import PolicyConfig
+
+    limits = {p.label: int(v) for p, v in PolicyConfig().queue_limit.items()}
+    jobs = overload_jobs(limits, factor) if what == "overload" else SOAK_JOBS
+    if url is not None:
+        report = asyncio.run(run_load(url, pid, jobs, duration_s, hang_s, token))
+        return report.summary()
+    import sys
+    import tempfile
+
+    port = free_port()
+    argv = [sys.executable, "-m", "fairlane", "serve", "--port", str(port)]
+    argv += ["--set", f"server.data_dir={tempfile.mkdtemp(prefix='fairlane-soak-')}"]
+    argv += ["--set", "wyoming.port=0"]
+    with ServerProcess(argv, port, env={**os.environ}) as server:
+        report = asyncio.run(
+            run_load(server.url, server.process.pid, jobs, duration_s, hang_s, token)
+        )
+    return report.summary()
