@@ -167,6 +167,10 @@ WYOMING_SCHEMA = vol.Schema(
         vol.Optional("port", default=10300): vol.All(vol.Coerce(int), vol.Range(min=0, max=65535)),
         # Transcribe at the speaker's first pause, before the client ends the utterance.
         vol.Optional("early_transcript", default=True): bool,
+        # Wyoming has no authentication: at most this many connections at once (a satellite
+        # or pipeline uses one per utterance), each served at this class at most.
+        vol.Optional("max_connections", default=8): _count(1),
+        vol.Optional("max_class", default="voice"): vol.In(["voice", "chat", "background"]),
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -253,6 +257,8 @@ class WyomingConfig:
     host: str | None = None
     port: int = 10300
     early_transcript: bool = True
+    max_connections: int = 8
+    max_class: str = "voice"
 
 
 @dataclass(frozen=True)

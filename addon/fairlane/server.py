@@ -411,7 +411,11 @@ async def _start_wyoming(app: web.Application) -> None:
         return
     host = svc.config.wyoming.host or svc.config.server.host
     services = wyoming_server.WyomingServices(
-        svc.speech, svc.voice, early=svc.config.wyoming.early_transcript
+        svc.speech,
+        svc.voice,
+        early=svc.config.wyoming.early_transcript,
+        max_connections=svc.config.wyoming.max_connections,
+        priority=Priority.parse(svc.config.wyoming.max_class),
     )
     svc.wyoming = services
     server = await wyoming_server.start(services, host, svc.config.wyoming.port)

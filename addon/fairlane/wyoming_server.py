@@ -22,14 +22,19 @@ speech after it, so the transcript is ready about when the speaker is judged to 
 (Whisper encodes a whole window at once, so there is no partial encoder state to keep: the
 pause is where the work can start early.)
 
-Utterances and sentences go through the same device loop as HTTP requests, as `voice` work.
-Wyoming has no authentication: bind it to a trusted interface only.
+Utterances and sentences go through the same device loop as HTTP requests, as `voice` work
+(`wyoming.max_class` may lower that). Wyoming has no authentication: bind it to a trusted
+interface only. So that no client on that interface can take the device, the server bounds
+what one connection may bring: `wyoming.max_connections` at once, an event header of 64 KiB,
+its data of 64 KiB, a payload of 1 MiB, and an utterance of MAX_DECODE_S seconds. Anything
+malformed or over a bound gets an `error` event, and the connection is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -54,6 +59,7 @@ from wyoming.tts import (
 from fairlane import __version__
 from fairlane.device import DeviceLoop
 from fairlane.engines.stt import (
+    MAX_DECODE_S,
     SAMPLE_RATE,
     AudioError,
     TranscriptEvent,
@@ -83,6 +89,63 @@ class WyomingServices:
     voice: VoiceService | None
     # Transcribe at the speaker's first pause, before the client ends the utterance (below).
     early: bool = True
+    max_connections: int = 8
+    priority: Priority = Priority.VOICE  # the class of every Wyoming request
+    connections: int = 0
+
+
+class BadEvent(Exception):
+    """A client sent something that is not a Wyoming event, or one over a bound."""
+
+
+MAX_LINE_BYTES = 64 * 1024  # asyncio's StreamReader refuses longer header lines
+MAX_DATA_BYTES = 64 * 1024
+MAX_PAYLOAD_BYTES = 1024 * 1024
+MAX_UTTERANCE_BYTES = int(MAX_DECODE_S * SAMPLE_RATE * 2)
+MAX_TEXT_CHARS = 100_000  # a streamed synthesis's text
+
+
+async def read_event(reader: asyncio.StreamReader) -> Event | None:
+    """The next event, None at the end of the stream; BadEvent for anything malformed or over
+    a bound (the library's own reader drops those silently and leaves the client waiting)."""
+    try:
+        line = await reader.readline()
+    except ValueError as err:  # longer than the reader's limit
+        raise BadEvent(f"an event header longer than {MAX_LINE_BYTES} bytes") from err
+    if not line:
+        return None
+    try:
+        header = json.loads(line)
+    except ValueError as err:
+        raise BadEvent("an event header that is not JSON") from err
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise BadEvent("an event header without a type")
+    data = header.get("data") or {}
+    if not isinstance(data, dict):
+        raise BadEvent("event data that is not an object")
+    try:
+        more = _length(header, "data_length", MAX_DATA_BYTES)
+        if more:
+            extra = json.loads(await reader.readexactly(more))
+            if not isinstance(extra, dict):
+                raise BadEvent("event data that is not an object")
+            data.update(extra)
+        size = _length(header, "payload_length", MAX_PAYLOAD_BYTES)
+        payload = await reader.readexactly(size) if size else None
+    except asyncio.IncompleteReadError:
+        return None  # the client went away mid-event
+    except ValueError as err:
+        raise BadEvent("event data that is not JSON") from err
+    return Event(type=header["type"], data=data, payload=payload)
+
+
+def _length(header: dict[str, Any], key: str, limit: int) -> int:
+    value = header.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise BadEvent(f"{key} must be a whole number of bytes up to {limit}")
+    return value
 
 
 SAMPLES_PER_CHUNK = 1024  # audio-chunk size, as Wyoming's own servers send
@@ -152,9 +215,44 @@ class WyomingHandler(AsyncEventHandler):
         self.audio = bytearray()
         self.language: str | None = None
         self.text: asyncio.Queue[str | None] | None = None  # a streamed synthesis's text
+        self.text_chars = 0
         self.speaking: asyncio.Task[None] | None = None
         self.pause = PauseDetector()
         self.early: EarlyTranscript | None = None
+
+    async def run(self) -> None:
+        """Events until the conversation ends, the client leaves or sends something malformed
+        (then it gets an `error` event); the connection is always closed at the end."""
+        services = self.services
+        if services.connections >= services.max_connections:
+            await self._error(
+                f"busy: {services.max_connections} Wyoming connections are open", "Busy"
+            )
+            await self._close()
+            return
+        services.connections += 1
+        try:
+            while True:
+                event = await read_event(self.reader)
+                if event is None or not await self.handle_event(event):
+                    break
+        except BadEvent as err:
+            await self._error(str(err), "BadEvent")
+        except (KeyError, TypeError, ValueError) as err:  # an event whose fields are wrong
+            await self._error(f"a malformed event: {err!r}", "BadEvent")
+        finally:
+            services.connections -= 1
+            await self.disconnect()
+            await self._close()
+
+    async def _error(self, text: str, code: str) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.write_event(Error(text=text, code=code).event())
+
+    async def _close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError):
+            await self.writer.wait_closed()
 
     async def handle_event(self, event: Event) -> bool:
         if Describe.is_type(event.type):
@@ -171,6 +269,8 @@ class WyomingHandler(AsyncEventHandler):
             return True
         if AudioChunk.is_type(event.type):
             chunk = self.converter.convert(AudioChunk.from_event(event)).audio
+            if len(self.audio) + len(chunk) > MAX_UTTERANCE_BYTES:
+                raise BadEvent(f"an utterance longer than {MAX_DECODE_S:.0f} s")
             self.audio += chunk
             self._listen(chunk)
             return True
@@ -199,7 +299,7 @@ class WyomingHandler(AsyncEventHandler):
         service = self.services.speech
         if paused and self.early is None and self.services.early and service is not None:
             utterance = Utterance(_float(bytes(self.audio)), self.language)
-            task = asyncio.create_task(_voice(service, utterance))
+            task = asyncio.create_task(_voice(service, utterance, self.services.priority))
             task.add_done_callback(_consume)
             self.early = EarlyTranscript(task, len(self.audio) // 2)
 
@@ -210,7 +310,11 @@ class WyomingHandler(AsyncEventHandler):
             return True
         if SynthesizeChunk.is_type(event.type):
             if self.text is not None:
-                self.text.put_nowait(SynthesizeChunk.from_event(event).text)
+                text = SynthesizeChunk.from_event(event).text
+                self.text_chars += len(text)
+                if self.text_chars > MAX_TEXT_CHARS:
+                    raise BadEvent(f"a text longer than {MAX_TEXT_CHARS} characters")
+                self.text.put_nowait(text)
             return True
         if SynthesizeStop.is_type(event.type):
             if self.text is not None and self.speaking is not None:
@@ -245,7 +349,7 @@ class WyomingHandler(AsyncEventHandler):
         rate = voice.engine.sample_rate
         started = False
         try:
-            async for audio in speak(voice, sentences, Priority.VOICE, client="wyoming"):
+            async for audio in speak(voice, sentences, self.services.priority, client="wyoming"):
                 if not started:
                     await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
                     started = True
@@ -280,7 +384,7 @@ class WyomingHandler(AsyncEventHandler):
             else:
                 if early is not None:
                     early.task.cancel()  # a word came after the pause
-                result = await _voice(service, utterance)
+                result = await _voice(service, utterance, self.services.priority)
         except (AudioError, Refused, Cancelled, Expired) as err:
             await self.write_event(Error(text=str(err), code=type(err).__name__).event())
             return
@@ -326,10 +430,12 @@ class PauseDetector:
         return self.heard and before < self.pause_s <= self.quiet_s
 
 
-async def _voice(service: SpeechService, utterance: Utterance) -> TranscriptEvent:
-    """A Wyoming utterance is voice work of the client "wyoming" (it has no authentication)."""
+async def _voice(
+    service: SpeechService, utterance: Utterance, priority: Priority
+) -> TranscriptEvent:
+    """A Wyoming utterance is work of the client "wyoming" (it has no authentication)."""
     return await transcribe(
-        service.device, service.engine, service.telemetry, utterance, Priority.VOICE, "wyoming"
+        service.device, service.engine, service.telemetry, utterance, priority, "wyoming"
     )
 
 

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
+import io
 import json
+import wave
 from typing import Any
 
 import pytest
@@ -97,3 +100,119 @@ def test_a_control_character_in_a_part_header_is_a_400(server: BackgroundServer,
     body, content_type = _pcm_form("16000", filename="a\x01.pcm")
     status, reply = send(server, "POST", path, body, content_type)
     assert_refused(status, reply, 400, "multipart body is malformed")
+
+
+def _wav_form(samples: int, rate: int) -> tuple[bytes, str]:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(b"\1\0" * samples)
+    boundary = "b0undary"
+    head = (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+            'filename="long.wav"\r\nContent-Type: audio/wav\r\n\r\n')
+    body = head.encode() + buffer.getvalue() + f"\r\n--{boundary}--\r\n".encode()
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+def test_long_audio_at_a_low_rate_is_refused_before_it_is_resampled(
+        server: BackgroundServer) -> None:
+    # 2 MB of audio at 1 kHz is 1,000 s: resampled first, it was 64 MB of float samples
+    # (at the 100 Hz the report used, 640 MB) before the length check said no.
+    body, content_type = _wav_form(1_000_000, 1000)
+    status, reply = send(server, "POST", "/v1/audio/transcriptions", body, content_type)
+    assert_refused(status, reply, 400, "longer than 120 s")
+
+
+# --- Wyoming: no authentication, so every bound is the server's ---------------------------------
+
+
+async def _wyoming_reply(port: int, sent: list[bytes],
+                         most: int = 100) -> tuple[list[dict[str, Any]], bool]:
+    """Send raw bytes; read events until the server closes the connection (or 30 s pass:
+    `closed` is then False, the client left hanging), or `most` events came."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    events: list[dict[str, Any]] = []
+    closed = False
+    try:
+        for piece in sent:
+            writer.write(piece)
+            await writer.drain()
+        async with asyncio.timeout(30):
+            while line := await reader.readline():
+                event = json.loads(line)
+                if event.get("data_length"):
+                    event["data"] = json.loads(await reader.readexactly(event["data_length"]))
+                if event.get("payload_length"):
+                    await reader.readexactly(event["payload_length"])
+                events.append(event)
+                if len(events) >= most:
+                    return events, False
+            closed = True
+    except (TimeoutError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+    return events, closed
+
+
+def _event(kind: str, data: dict[str, Any] | None = None, payload: bytes = b"") -> bytes:
+    header: dict[str, Any] = {"type": kind, "data": data or {}}
+    if payload:
+        header["payload_length"] = len(payload)
+    return json.dumps(header).encode() + b"\n" + payload
+
+
+@pytest.mark.parametrize(("sent", "words"), [
+    ([b"this is not json\n"], "not JSON"),
+    ([b'{"data": {}}\n'], "without a type"),
+    ([b'["audio-start"]\n'], "without a type"),
+    ([b'{"type": "audio-chunk", "payload_length": 1000000000}\n'], "payload_length"),
+    ([b'{"type": "transcribe", "data_length": -5}\n'], "data_length"),
+    ([_event("audio-start", {"rate": 16000, "width": 2, "channels": 1}),
+      _event("audio-chunk", {"width": 2}, b"\0" * 320)], "malformed event"),
+])
+def test_a_malformed_wyoming_event_gets_an_error_and_a_closed_connection(
+        server: BackgroundServer, sent: list[bytes], words: str) -> None:
+    events, closed = asyncio.run(_wyoming_reply(server.services.wyoming_port, sent))
+    assert closed, "the client was left waiting"
+    assert [e["type"] for e in events] == ["error"], events
+    assert words in events[0]["data"]["text"]
+
+
+def test_a_wyoming_utterance_is_capped_while_it_arrives(server: BackgroundServer) -> None:
+    audio = {"rate": 16000, "width": 2, "channels": 1}
+    chunk = _event("audio-chunk", audio, b"\0" * 1_000_000)  # 31 s each
+    sent = [_event("audio-start", audio)] + [chunk] * 5 + [_event("audio-stop")]
+    events, closed = asyncio.run(_wyoming_reply(server.services.wyoming_port, sent))
+    assert closed and [e["type"] for e in events] == ["error"], events
+    assert "longer than 120 s" in events[0]["data"]["text"]
+
+
+def test_wyoming_connections_beyond_the_limit_are_told_busy(server: BackgroundServer) -> None:
+    port = server.services.wyoming_port
+    limit = server.services.config.wyoming.max_connections
+
+    async def scenario() -> tuple[list[dict[str, Any]], bool, dict[str, Any]]:
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(limit)]
+        for reader, writer in held:  # each connection is being served once it answers
+            writer.write(_event("describe"))
+            await writer.drain()
+            await reader.readline()
+        try:
+            events, closed = await _wyoming_reply(port, [_event("describe")])
+        finally:
+            for _, writer in held:
+                writer.close()
+        # The connections are released when they close: a new one is served again.
+        async with asyncio.timeout(30):
+            while server.services.wyoming.connections:  # type: ignore[union-attr]
+                await asyncio.sleep(0.05)
+        again, _ = await _wyoming_reply(port, [_event("describe")], most=1)
+        return events, closed, again[0]
+
+    events, closed, again = asyncio.run(scenario())
+    assert closed and [e["type"] for e in events] == ["error"], events
+    assert "busy" in events[0]["data"]["text"]
+    assert again["type"] == "info"

@@ -4,7 +4,9 @@
 open at once (voice and chat, unique prompts) for `duration_s`, then lets them drain. `soak`
 runs a light mixed load (chat, voice, embeddings, documents) for `duration_s`. Both poll
 `/health` the way the add-on's watchdog does and sample the server's resident memory, and both
-count what a person would call a failure:
+count what a person would call a failure. Each client backs off after a 429 or a failed
+connection as OpenAI's SDK does (at least a second, or the server's `Retry-After`, with
+jitter), so the load is many patient clients, not one hammering loop. The figures:
 
 - **5xx**: any server error;
 - **hung**: a request with no first token, no result and no error within `hang_s`;
@@ -20,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import statistics
 import time
 import uuid
@@ -29,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+# A load: (clients, the Load method each one calls in a loop, its arguments).
+Job = tuple[int, str, tuple[Any, ...]]
 
 # What a turn looks like: a short question, a short answer (the load is the count of requests).
 QUESTIONS = (
@@ -49,6 +55,8 @@ class Outcome:
     first: float | None = None  # first token, result or error body
     done: float | None = None
     error: str | None = None  # "reset", "hung", "cut off" or the error's code
+    code: str | None = None  # an HTTP error's code ("refused", "deadline_exceeded"…)
+    retry_after_s: float = 0.0
 
 
 @dataclass
@@ -57,10 +65,19 @@ class Report:
     health_s: list[float] = field(default_factory=list)
     health_failures: int = 0
     rss_mb: list[float] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)  # the server's, as the load ended
 
     def summary(self) -> dict[str, Any]:
-        statuses = Counter(str(o.status) if o.status else o.error for o in self.outcomes)
-        refusals = [o.first - o.sent for o in self.outcomes if o.status == 429 and o.first]
+        statuses = Counter(
+            f"{o.status} {o.code}" if o.code else str(o.status) if o.status else o.error
+            for o in self.outcomes
+        )
+        # Time to a refusal at admission (a request that waited and expired is not one).
+        refusals = [
+            o.first - o.sent
+            for o in self.outcomes
+            if o.status == 429 and o.code == "refused" and o.first
+        ]
         served = [o for o in self.outcomes if o.status == 200 and o.first is not None]
         by_kind: dict[str, Any] = {}
         for kind in sorted({o.kind for o in self.outcomes}):
@@ -88,6 +105,11 @@ class Report:
             "rss_peak_mb": max(self.rss_mb) if self.rss_mb else None,
             "rss_end_mb": self.rss_mb[-1] if self.rss_mb else None,
             "by_kind": by_kind,
+            "device_busy": (self.stats.get("device") or {}).get("busy"),
+            "output_tokens_per_s": {
+                label: figures.get("output_tokens_per_s")
+                for label, figures in (self.stats.get("classes") or {}).items()
+            },
         }
 
 
@@ -144,13 +166,31 @@ class Load:
     ) -> None:
         outcome = Outcome(kind, time.monotonic())
         self.report.outcomes.append(outcome)
+        await self._request(session, outcome, path, body, stream)
+        if outcome.status == 429 or outcome.status is None:
+            # As OpenAI's SDK does: back off (at least a second, or as long as the server
+            # asks), with jitter, before the next try.
+            await asyncio.sleep(random.uniform(0.5, 1.5) * max(1.0, outcome.retry_after_s))
+
+    async def _request(
+        self,
+        session: aiohttp.ClientSession,
+        outcome: Outcome,
+        path: str,
+        body: Any,
+        stream: bool,
+    ) -> None:
         try:
             async with asyncio.timeout(self.hang_s):
                 async with session.post(self.url + path, json=body, headers=self.headers) as r:
                     outcome.status = r.status
                     if r.status != 200 or not stream:
-                        await r.read()
+                        raw = await r.read()
                         outcome.first = outcome.done = time.monotonic()
+                        if r.status != 200:
+                            outcome.code = _error_code(raw)
+                            with contextlib.suppress(ValueError):
+                                outcome.retry_after_s = float(r.headers.get("Retry-After", 0))
                         return
                     finished = False
                     async for raw in r.content:
@@ -181,9 +221,28 @@ class Load:
                 await job(session, *args)
 
 
+def _error_code(raw: bytes) -> str | None:
+    try:
+        return str(json.loads(raw)["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def _unique(pool: tuple[str, ...]) -> str:
     """A nonce first: no two requests share a cached prefix."""
     return f"[{uuid.uuid4().hex[:12]}] {pool[hash(uuid.uuid4()) % len(pool)]}"
+
+
+async def _server_stats(url: str, headers: dict[str, str]) -> dict[str, Any]:
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            asyncio.timeout(60),
+            session.get(url + "/v1/stats", headers=headers) as r,
+        ):
+            return dict(await r.json())
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        return {}
 
 
 async def _watch(url: str, pid: int | None, report: Report, stop: asyncio.Event) -> None:
@@ -209,7 +268,7 @@ async def _watch(url: str, pid: int | None, report: Report, stop: asyncio.Event)
 async def run_load(
     url: str,
     pid: int | None,
-    jobs: list[tuple[int, str, tuple[Any, ...]]],
+    jobs: list[Job],
     duration_s: float,
     hang_s: float,
     token: str | None = None,
@@ -226,6 +285,7 @@ async def run_load(
         for _ in range(count)
     ]
     await asyncio.sleep(duration_s)
+    report.stats = await _server_stats(url, load.headers)
     load.stopping = True
     await asyncio.gather(*clients)
     await asyncio.sleep(2)  # memory after the load, before the watcher stops
@@ -234,7 +294,7 @@ async def run_load(
     return report
 
 
-def overload_jobs(queue_limits: dict[str, int], factor: float) -> list[tuple[int, str, tuple[Any, ...]]]:
+def overload_jobs(queue_limits: dict[str, int], factor: float) -> list[Job]:
     """`factor` × each interactive class's queue limit of clients, streaming short answers."""
     return [
         (round(factor * queue_limits["voice"]), "chat", ("voice", 64)),
@@ -242,7 +302,7 @@ def overload_jobs(queue_limits: dict[str, int], factor: float) -> list[tuple[int
     ]
 
 
-SOAK_JOBS: list[tuple[int, str, tuple[Any, ...]]] = [
+SOAK_JOBS: list[Job] = [
     (2, "chat", ("chat", 32)),
     (1, "chat", ("voice", 16)),
     (1, "embed", (16,)),
@@ -264,6 +324,8 @@ def format_summary(name: str, summary: dict[str, Any]) -> str:
         "rss_start_mb",
         "rss_peak_mb",
         "rss_end_mb",
+        "device_busy",
+        "output_tokens_per_s",
     ]
     lines = [f"{name}: " + ", ".join(f"{k}={summary[k]}" for k in keys)]
     lines.append(f"  statuses: {summary['statuses']}")
