@@ -77,6 +77,8 @@ POLICY_SCHEMA = vol.Schema(
     extra=vol.PREVENT_EXTRA,
 )
 
+CLASS_NAMES = [p.label for p in Priority]
+
 SERVER_SCHEMA = vol.Schema(
     {
         vol.Optional("host", default="127.0.0.1"): str,
@@ -99,6 +101,19 @@ SERVER_SCHEMA = vol.Schema(
         # A GPU asked for and not obtained: refuse to start (true), or start on the CPU and
         # say so in the log and /health (false).
         vol.Optional("require_devices", default=False): bool,
+        # More tokens, each for one client with the most urgent class it may claim (e.g.
+        # automations at most `background`): a request above its ceiling runs at the ceiling.
+        # `token` (above) may claim every class.
+        vol.Optional("clients", default=[]): [
+            vol.Schema(
+                {
+                    vol.Required("name"): vol.All(str, vol.Length(min=1)),
+                    vol.Required("token"): vol.All(str, vol.Length(min=8)),
+                    vol.Optional("max_class", default="voice"): vol.In(CLASS_NAMES),
+                },
+                extra=vol.PREVENT_EXTRA,
+            )
+        ],
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -170,7 +185,7 @@ WYOMING_SCHEMA = vol.Schema(
         # Wyoming has no authentication: at most this many connections at once (a satellite
         # or pipeline uses one per utterance), each served at this class at most.
         vol.Optional("max_connections", default=8): _count(1),
-        vol.Optional("max_class", default="voice"): vol.In(["voice", "chat", "background"]),
+        vol.Optional("max_class", default="voice"): vol.In(CLASS_NAMES),
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -201,6 +216,21 @@ class ServerConfig:
     stats_readers: tuple[str, ...] = ()
     token_file: str | None = None
     require_devices: bool = False
+    clients: tuple[ClientToken, ...] = ()
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether requests need a bearer token (one is set, or clients have their own)."""
+        return self.token is not None or bool(self.clients)
+
+
+@dataclass(frozen=True)
+class ClientToken:
+    """A client's own token, and the most urgent class it may claim."""
+
+    name: str
+    token: str
+    max_class: str = "voice"
 
 
 @dataclass(frozen=True)
@@ -335,7 +365,11 @@ def parse(data: dict[str, Any] | None) -> Config:
         raise ConfigError(_describe(err)) from err
     return Config(
         server=ServerConfig(
-            **{**valid["server"], "stats_readers": tuple(valid["server"]["stats_readers"])}
+            **{
+                **valid["server"],
+                "stats_readers": tuple(valid["server"]["stats_readers"]),
+                "clients": tuple(ClientToken(**c) for c in valid["server"]["clients"]),
+            }
         ),
         policy=policy_config(valid["policy"]),
         policy_name=valid["policy"]["name"],

@@ -25,6 +25,7 @@ from fairlane import __version__, models, wyoming_server
 from fairlane import config as config_mod
 from fairlane.api.chat import cancel_completion, chat_completions
 from fairlane.api.common import (
+    CLIENT_GRANT,
     SERVICES,
     WYOMING,
     ApiError,
@@ -95,26 +96,37 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 PUBLIC_PATHS = frozenset({"/health", "/", "/dashboard"})
 
 
-def auth_middleware(token: str | None, stats_readers: tuple[str, ...] = ()) -> Any:
+def auth_middleware(server: config_mod.ServerConfig) -> Any:
+    """Bearer tokens: `server.token` may claim every class; each of `server.clients` has its
+    own token and class ceiling, which the handlers read from the request (CLIENT_GRANT)."""
+    grants: list[tuple[bytes, Priority | None]] = []
+    if server.token is not None:
+        grants.append((server.token.encode(), None))
+    grants += [(c.token.encode(), Priority.parse(c.max_class)) for c in server.clients]
+
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         public = request.method in ("GET", "HEAD") and request.path in PUBLIC_PATHS
-        if token is None or public:
+        if not grants or public:
             return await handler(request)
         reading_stats = request.method == "GET" and request.path == "/v1/stats"
-        if reading_stats and request.remote in stats_readers:
+        if reading_stats and request.remote in server.stats_readers:
             return await handler(request)
         supplied = request.headers.get("Authorization", "")
         scheme, _, value = supplied.partition(" ")
         # Bytes: compare_digest refuses str with non-ASCII characters (a 500 before).
         given = value.strip().encode("utf-8", "surrogateescape")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given, token.encode()):
+        # Every token is compared, so the time taken does not say which one nearly matched.
+        matches = [ceiling for token, ceiling in grants if hmac.compare_digest(given, token)]
+        if scheme.lower() != "bearer" or not matches:
             return ApiError(
                 401,
                 "missing or wrong bearer token",
                 kind="authentication_error",
                 code="invalid_api_key",
             ).response()
+        if (ceiling := matches[0]) is not None:
+            request[CLIENT_GRANT] = ceiling
         return await handler(request)
 
     return check
@@ -126,7 +138,7 @@ def create_app(services: Services) -> web.Application:
         client_max_size=max_bytes,
         middlewares=[
             error_middleware,
-            auth_middleware(services.config.server.token, services.config.server.stats_readers),
+            auth_middleware(services.config.server),
         ],
     )
     app[SERVICES] = services
@@ -445,10 +457,8 @@ def serve(args: argparse.Namespace) -> int:
         server = replace(server, token=config_mod.token_from_file(server.token_file))
     cfg = replace(cfg, server=server, policy_name=args.policy or cfg.policy_name)
     services = build_services(cfg)
-    if cfg.server.token is None and cfg.server.host not in ("127.0.0.1", "localhost", "::1"):
-        _LOGGER.warning(
-            "serving on %s without a token: anyone on the network can use it", cfg.server.host
-        )
+    for warning in exposure_warnings(cfg):
+        _LOGGER.warning("%s", warning)
     app = create_app(services)
     app.on_cleanup.append(lambda _app: _shutdown(services))
     print(
@@ -470,6 +480,27 @@ def serve(args: argparse.Namespace) -> int:
     except OSError as err:  # a port taken, an address not here: one line, not a traceback
         raise StartupError(f"cannot listen: {err.strerror or err}") from err
     return 0
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def exposure_warnings(cfg: config_mod.Config) -> list[str]:
+    """What a listener beyond this machine lets anyone on the network do (said at start)."""
+    warnings = []
+    if not cfg.server.authenticated and cfg.server.host not in LOOPBACK:
+        warnings.append(
+            f"serving HTTP on {cfg.server.host} without a token: anyone on the network can use "
+            "every class, voice included (set server.token, or server.clients with ceilings)"
+        )
+    wyoming_host = cfg.wyoming.host or cfg.server.host
+    if cfg.wyoming.enabled and wyoming_host not in LOOPBACK:
+        warnings.append(
+            f"Wyoming listens on {wyoming_host} without authentication (the protocol has none): "
+            f"anyone on the network may open {cfg.wyoming.max_connections} connections at "
+            f"class {cfg.wyoming.max_class} (wyoming.max_connections, wyoming.max_class)"
+        )
+    return warnings
 
 
 async def _shutdown(services: Services) -> None:

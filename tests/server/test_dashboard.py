@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from playwright.sync_api import Page, sync_playwright
 
+from fairlane.config import ServerConfig
 from fairlane.server import BackgroundServer, auth_middleware
 from tests.server.conftest import TOKEN, server_config
 from tests.server.test_chat_api import http
@@ -130,7 +131,8 @@ def test_stats_readers_may_read_stats_but_nothing_else() -> None:
         return web.json_response({"ok": True})
 
     async def run(readers: tuple[str, ...]) -> tuple[int, int, int]:
-        app = web.Application(middlewares=[auth_middleware("secret", readers)])
+        server = ServerConfig(token="secret", stats_readers=readers)
+        app = web.Application(middlewares=[auth_middleware(server)])
         app.router.add_get("/v1/stats", ok)
         app.router.add_post("/v1/chat/completions", ok)
         app.router.add_get("/dashboard", ok)

@@ -103,18 +103,26 @@ async def json_body(request: web.Request) -> Any:
     return body
 
 
+# The most urgent class the request's token may claim (None: any), set by the auth middleware.
+CLIENT_GRANT = web.RequestKey("fairlane_client_grant", Priority)
+
+
 def request_class(request: web.Request, body: dict[str, Any], default: Priority) -> Priority:
     """The class from the `fairlane_class` field, the `X-Fairlane-Class` header or the
-    `priority` field, in that order; none of them: `default`."""
+    `priority` field, in that order; none of them: `default`. A class above the token's
+    ceiling (`server.clients`) runs at the ceiling."""
     value = body.get("fairlane_class") or request.headers.get(CLASS_HEADER)
     if value is None and body.get("priority") is not None:
-        return priority_field(body["priority"])
-    if value is None:
-        return default
-    try:
-        return Priority.parse(value)
-    except ValueError as err:
-        raise ApiError(400, str(err), param="fairlane_class") from err
+        asked = priority_field(body["priority"])
+    elif value is None:
+        asked = default
+    else:
+        try:
+            asked = Priority.parse(value)
+        except ValueError as err:
+            raise ApiError(400, str(err), param="fairlane_class") from err
+    ceiling = request.get(CLIENT_GRANT)
+    return asked if ceiling is None else max(asked, ceiling)
 
 
 def priority_field(value: Any) -> Priority:
