@@ -9,6 +9,7 @@ acknowledged document is indexed exactly once: nothing is lost and no chunk is d
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html.parser
 import io
@@ -17,7 +18,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,8 +202,7 @@ class DocumentStore:
             if row is not None:
                 return str(row[0]), False  # unchanged: nothing to embed again
             document_id = f"doc-{uuid.uuid4().hex[:16]}"
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._transaction():
                 self._db.execute(
                     "INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (
@@ -223,14 +223,23 @@ class DocumentStore:
                         for seq, (chunk, tokens) in enumerate(chunks)
                     ],
                 )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
             return document_id, True
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """BEGIN … COMMIT, rolled back on any failure (a full disk included): a transaction
+        left open would make every later write on this connection fail too."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+
     def delete(self, document_id: str) -> bool:
-        with self._lock:
+        with self._lock, self._transaction():
             cursor = self._db.execute("DELETE FROM documents WHERE id = ?", (document_id,))
             self._db.execute("DELETE FROM chunks WHERE document_id = ?", (document_id,))
             keep = [i for i, (doc, _) in enumerate(self._ids) if doc != document_id]
@@ -253,16 +262,16 @@ class DocumentStore:
         """Write vectors once (a chunk that already has one keeps it) and index them."""
         now = time.time()
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             written = []
-            for chunk_id, vector in items:
-                cursor = self._db.execute(
-                    "UPDATE chunks SET vector = ?, indexed_at = ? WHERE id = ? AND vector IS NULL",
-                    (vector.astype(np.float32).tobytes(), now, chunk_id),
-                )
-                if cursor.rowcount:
-                    written.append(chunk_id)
-            self._db.execute("COMMIT")
+            with self._transaction():
+                for chunk_id, vector in items:
+                    cursor = self._db.execute(
+                        "UPDATE chunks SET vector = ?, indexed_at = ? "
+                        "WHERE id = ? AND vector IS NULL",
+                        (vector.astype(np.float32).tobytes(), now, chunk_id),
+                    )
+                    if cursor.rowcount:
+                        written.append(chunk_id)
             if written:
                 rows = self._db.execute(
                     f"SELECT document_id, seq, vector FROM chunks WHERE id IN "

@@ -13,6 +13,7 @@ import contextlib
 import hmac
 import logging
 import os
+import sqlite3
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -49,6 +50,7 @@ from fairlane.api.embeddings import embeddings
 from fairlane.api.speech import transcriptions
 from fairlane.api.voice import speech, voices
 from fairlane.chat import ChatTemplate, ChatTemplateError
+from fairlane.components import storage_full
 from fairlane.device import DeviceLoop
 from fairlane.documents import DocumentStore, progress
 from fairlane.engines.embed import EmbedConfig as EmbedEngineConfig
@@ -79,6 +81,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except ApiError as err:
         return err.response()
+    except (OSError, sqlite3.OperationalError) as err:
+        if not storage_full(err):
+            raise
+        _LOGGER.error("%s %s: the disk is full", request.method, request.path)
+        return ApiError(
+            507,
+            "the server's disk is full: nothing was stored; free space and try again",
+            kind="server_error",
+            code="insufficient_storage",
+        ).response()
     except web.HTTPRequestEntityTooLarge as err:
         return ApiError(
             413, f"the body is larger than the limit ({err.text})", code="body_too_large"
@@ -172,13 +184,22 @@ def create_app(services: Services) -> web.Application:
 
 
 async def health(request: web.Request) -> web.Response:
+    """Liveness and what is wrong: answered from memory (no lock, no database, no device), so
+    it stays fast while the device and the event loop are busy."""
     svc = services_of(request)
     devices = {p.engine: p.as_dict() for p in svc.placements}
+    components = {name: c.as_dict() for name, c in svc.components.items()}
+    healthy = all(p.ok for p in svc.placements) and all(
+        c.state != "retrying" for c in svc.components.values()
+    )
     return web.json_response(
         {
-            # "degraded": an engine runs on another device than the one asked for.
-            "status": "ok" if all(p.ok for p in svc.placements) else "degraded",
+            # "degraded": an engine runs on another device than the one asked for, or a part
+            # (the indexer, the summariser) failed and is being retried; the server still
+            # answers, so this is a 200 (a watchdog's restart would not help).
+            "status": "ok" if healthy else "degraded",
             "devices": devices,
+            "components": components,
             "version": __version__,
             "instance_id": svc.instance_id,
             "policy": svc.policy_name,

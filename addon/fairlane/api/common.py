@@ -18,6 +18,7 @@ from wyoming.server import AsyncTcpServer
 
 from fairlane import config as config_mod
 from fairlane.chat import ChatTemplate
+from fairlane.components import Component
 from fairlane.device import DeviceLoop
 from fairlane.documents import DocumentStore
 from fairlane.engines.embed import EmbeddingEngine
@@ -230,6 +231,8 @@ class Services:
     instance_id: str = ""  # this server's stable id (`fairlane.identity`)
     placements: list[Placement] = field(default_factory=list)  # where each engine runs
     data_lock: Any = None  # the data directory's lock file, held while the server runs
+    # The long-running parts (indexer, summariser) and their health, for /health.
+    components: dict[str, Component] = field(default_factory=dict)
 
 
 SERVICES = web.AppKey("services", Services)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from typing import Any
 
@@ -25,6 +26,7 @@ from fairlane.api.common import (
     validate,
 )
 from fairlane.api.embeddings import embed_all
+from fairlane.components import Component, supervise
 from fairlane.documents import (
     SUMMARY_PIECE_TOKENS,
     SUMMARY_PIECE_WORDS,
@@ -197,11 +199,13 @@ async def job(request: web.Request) -> web.Response:
     raise ApiError(404, f"no job {job_id!r}", code="not_found")
 
 
-async def _index_forever(svc: Services) -> None:
-    """Embed chunks that have no vector yet, oldest documents first, until cancelled."""
+async def _index_forever(svc: Services, health: Component) -> None:
+    """Embed chunks that have no vector yet, oldest documents first, until cancelled (a
+    failure ends it: its supervisor reports it and starts it again)."""
     assert svc.documents is not None and svc.embedder is not None
     while True:
         batch = await asyncio.to_thread(svc.documents.pending, 256)
+        health.ok()
         if not batch:
             svc.index_wakeup.clear()
             await svc.index_wakeup.wait()
@@ -295,11 +299,12 @@ async def _summary_turn(svc: Services, text: str, style: str, max_words: int) ->
     return await generate(svc, messages, max_words * 2, Priority.BACKGROUND, "summaries")
 
 
-async def _summarise_forever(svc: Services) -> None:
+async def _summarise_forever(svc: Services, health: Component) -> None:
     """Run pending summary jobs (after a restart too: a job is done only once it is stored)."""
     assert svc.documents is not None
     while True:
         pending = await asyncio.to_thread(svc.documents.pending_summaries)
+        health.ok()
         if not pending:
             svc.summary_wakeup.clear()
             await svc.summary_wakeup.wait()
@@ -316,9 +321,15 @@ async def _summarise_forever(svc: Services) -> None:
 async def start_workers(app: web.Application) -> None:
     svc = app[SERVICES]
     if svc.documents is not None and svc.embedder is not None:
-        app[INDEXER] = asyncio.create_task(_index_forever(svc))
+        indexer = svc.components["indexer"] = Component("indexer")
+        app[INDEXER] = asyncio.create_task(
+            supervise(indexer, functools.partial(_index_forever, svc))
+        )
         if svc.template is not None:
-            app[SUMMARISER] = asyncio.create_task(_summarise_forever(svc))
+            summariser = svc.components["summariser"] = Component("summariser")
+            app[SUMMARISER] = asyncio.create_task(
+                supervise(summariser, functools.partial(_summarise_forever, svc))
+            )
 
 
 async def stop_workers(app: web.Application) -> None:

@@ -1,0 +1,88 @@
+"""A full disk: uploads get a 507 that says so and store nothing; the indexer is not lost but
+retried, `/health` says which part is failing, and everything works again once space returns.
+
+The disk is filled the way SQLite sees it: `PRAGMA max_page_count` at the database's current
+size makes every write that needs a new page fail with SQLITE_FULL, the error a full disk
+gives."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from fairlane.api.documents import _chunk
+from fairlane.server import BackgroundServer
+from tests.server.conftest import server_config
+from tests.server.test_chat_api import http
+
+NOTE = " ".join(
+    f"Entry {i}: the boiler was serviced, the filter changed, the pressure set to 1.5 bar."
+    for i in range(300)
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[BackgroundServer]:
+    with BackgroundServer(server_config()) as running:
+        yield running
+
+
+def _disk(server: BackgroundServer, full: bool) -> None:
+    store = server.services.documents
+    assert store is not None
+    with store._lock:
+        pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+        store._db.execute(f"PRAGMA max_page_count = {pages if full else 1_073_741_823}")
+
+
+def _wait_for(what: Callable[[], Any], timeout_s: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if result := what():
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"not reached in {timeout_s:.0f} s")
+
+
+def test_an_upload_to_a_full_disk_is_a_507_and_stores_nothing(server: BackgroundServer) -> None:
+    _disk(server, full=True)
+    try:
+        status, reply = http(server, "POST", "/v1/documents", {"text": NOTE, "title": "Boiler"})
+    finally:
+        _disk(server, full=False)
+    assert status == 507, reply
+    assert reply["error"]["code"] == "insufficient_storage"
+    assert "disk is full" in reply["error"]["message"]
+    assert http(server, "GET", "/v1/documents")[1]["data"] == []
+    # Space is back: the same upload is stored (the failed transaction left nothing open).
+    status, reply = http(server, "POST", "/v1/documents", {"text": NOTE, "title": "Boiler"})
+    assert status == 202, reply
+
+
+def test_the_indexer_is_retried_and_health_says_so_until_space_returns(
+        server: BackgroundServer) -> None:
+    svc = server.services
+    assert svc.documents is not None and svc.embedder is not None
+    _wait_for(lambda: http(server, "GET", "/health")[1]["components"]["indexer"]["state"] == "ok")
+    # A document stored while there was space; its vectors come when the indexer wakes.
+    text = NOTE.replace("boiler", "water heater")
+    document_id, _ = svc.documents.add(
+        text, _chunk(svc.embedder, text), "Water heater", None, [], "text/plain"
+    )
+    _disk(server, full=True)
+    try:
+        server.loop.call_soon_threadsafe(svc.index_wakeup.set)
+        health = _wait_for(lambda: (h := http(server, "GET", "/health")[1])["status"] ==
+                           "degraded" and h)
+        indexer = health["components"]["indexer"]
+        assert indexer["state"] == "retrying" and indexer["error"] == "the disk is full"
+    finally:
+        _disk(server, full=False)
+    # The next try succeeds: the document is indexed and the server is healthy again.
+    _wait_for(lambda: http(server, "GET", f"/v1/documents/{document_id}")[1]["status"] ==
+              "indexed")
+    health = http(server, "GET", "/health")[1]
+    assert health["status"] == "ok" and health["components"]["indexer"]["failures"] == 0
