@@ -53,6 +53,10 @@ class ChatTemplate:
             )
         except TemplateError as err:
             raise ChatTemplateError(f"the chat template refused these messages: {err}") from err
+        except (TypeError, ValueError) as err:  # a field the template needs is missing or odd
+            raise ChatTemplateError(
+                f"the chat template cannot render these messages: {err}"
+            ) from err
 
 
 def _raise(message: str) -> None:

@@ -32,7 +32,9 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "Missing or wrong bearer token",
         404: "Not found",
         413: "Body too large",
-        429: "Refused by admission control (queue full, deadline)",
+        415: "A document type the server cannot read",
+        429: "Refused by admission control (queue full, deadline); see Retry-After",
+        507: "The server's disk is full; nothing was stored",
     }
     return {
         str(c): {"description": text[c], "content": {"application/json": {"schema": _ERROR_REF}}}
@@ -41,6 +43,39 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 
 _CLASS = {"type": "string", "enum": ["voice", "chat", "background"]}
+_CLASS_HEADER = {"name": "X-Fairlane-Class", "in": "header", "schema": _CLASS}
+_PRIORITY = {
+    "oneOf": [{"type": "integer"}, _CLASS, {"type": "null"}],
+    "description": "vLLM's and SGLang's field: below 0 is voice, 0 chat, above 0 background, "
+    "or a class name; fairlane_class wins",
+}
+_DEADLINE = {
+    "type": ["number", "null"],
+    "minimum": 1,
+    "maximum": 86_400_000,
+    "description": "ms until the first output; a request that cannot meet it is refused (429)",
+}
+_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+_DOCUMENT_FIELDS = {
+    "text": {"type": "string", "minLength": 1},
+    "content_type": {"type": "string"},
+    "title": {"type": ["string", "null"]},
+    "source": {"type": ["string", "null"]},
+    "tags": {"type": ["array", "null"], "items": {"type": "string"}},
+}
+
+
+def _json(properties: dict[str, Any], required: list[str], extra: bool = True) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
+    if not extra:
+        schema["additionalProperties"] = False
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def _multipart(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    schema = {"type": "object", "properties": properties, "required": required}
+    return {"required": True, "content": {"multipart/form-data": {"schema": schema}}}
+
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -65,7 +100,25 @@ OPENAPI: dict[str, Any] = {
                         "base64 data URL of text, Markdown, HTML or PDF; its text is extracted); "
                         "image and audio parts are refused with a 400",
                     },
-                    "tool_calls": {"type": "array", "items": {"type": "object"}},
+                    "tool_calls": {
+                        "type": ["array", "null"],
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "id": {"type": "string"},
+                                "type": {"const": "function"},
+                                "function": {
+                                    "type": "object",
+                                    "properties": {
+                                        "name": {"type": "string"},
+                                        "arguments": {"type": ["string", "object"]},
+                                    },
+                                    "required": ["name"],
+                                },
+                            },
+                            "required": ["function"],
+                        },
+                    },
                     "tool_call_id": {"type": "string"},
                 },
                 "required": ["role"],
@@ -81,35 +134,81 @@ OPENAPI: dict[str, Any] = {
                     },
                     "stream": {"type": "boolean"},
                     "stream_options": {
-                        "type": "object",
+                        "type": ["object", "null"],
                         "properties": {"include_usage": {"type": "boolean"}},
+                        "additionalProperties": False,
                     },
-                    "max_tokens": {"type": "integer", "minimum": 1},
-                    "max_completion_tokens": {"type": "integer", "minimum": 1},
-                    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-                    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-                    "top_k": {"type": "integer", "minimum": 0},
-                    "seed": {"type": "integer"},
+                    "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+                    "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
+                    "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+                    "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+                    "top_k": {"type": ["integer", "null"], "minimum": 0},
+                    "seed": {"type": ["integer", "null"]},
+                    "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
                     "stop": {
                         "oneOf": [
                             {"type": "string"},
                             {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+                            {"type": "null"},
                         ]
                     },
-                    "user": {"type": "string", "description": "the fairness client"},
-                    "tools": {"type": "array", "items": {"type": "object"}},
-                    "tool_choice": {"oneOf": [{"type": "string"}, {"type": "object"}]},
+                    "user": {"type": ["string", "null"], "description": "the fairness client"},
+                    "tools": {
+                        "type": ["array", "null"],
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "type": {"const": "function"},
+                                "function": {
+                                    "type": "object",
+                                    "properties": {
+                                        "name": {"type": "string"},
+                                        "description": {"type": "string"},
+                                        "parameters": {"type": "object"},
+                                    },
+                                    "required": ["name"],
+                                },
+                            },
+                            "required": ["type", "function"],
+                        },
+                    },
+                    "tool_choice": {
+                        "oneOf": [{"type": "string"}, {"type": "object"}, {"type": "null"}]
+                    },
                     "response_format": {
-                        "type": "object",
                         "description": "text, json_object, or json_schema with "
-                        "json_schema.schema: sampling is constrained to that JSON",
+                        "json_schema.schema: sampling is constrained to that JSON (a schema "
+                        "llama.cpp's grammar converter cannot take is a 400)",
+                        "oneOf": [
+                            {
+                                "type": "object",
+                                "properties": {"type": {"enum": ["text", "json_object"]}},
+                                "required": ["type"],
+                                "additionalProperties": False,
+                            },
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "type": {"const": "json_schema"},
+                                    "json_schema": {
+                                        "type": "object",
+                                        "properties": {
+                                            "name": {"type": "string"},
+                                            "strict": {"type": "boolean"},
+                                            "schema": {"type": "object"},
+                                        },
+                                        "required": ["schema"],
+                                    },
+                                },
+                                "required": ["type", "json_schema"],
+                                "additionalProperties": False,
+                            },
+                            {"type": "null"},
+                        ],
                     },
                     "fairlane_class": _CLASS,
-                    "priority": {
-                        "oneOf": [{"type": "integer"}, _CLASS],
-                        "description": "vLLM's and SGLang's field: below 0 is voice, 0 chat, "
-                        "above 0 background, or a class name; fairlane_class wins",
-                    },
+                    "priority": _PRIORITY,
+                    "deadline_ms": _DEADLINE,
                 },
                 "required": ["messages"],
             },
@@ -119,11 +218,26 @@ OPENAPI: dict[str, Any] = {
     "paths": {
         "/health": {
             "get": {
-                "summary": "Liveness (no auth): status (degraded when an engine did not get "
-                "the device asked for), devices, version, instance_id (stable per data "
-                "directory), models, Wyoming port",
+                "summary": "Liveness (no auth), answered from memory: status (degraded when an "
+                "engine did not get the device asked for or a component is retrying), devices, "
+                "components (indexer, summariser: state, error, failures), version, "
+                "instance_id (stable per data directory), models, Wyoming port",
                 "security": [],
                 "responses": {"200": {"description": "Server is up"}},
+            }
+        },
+        "/": {
+            "get": {
+                "summary": "The live lane dashboard (HTML; it reads /v1/stats)",
+                "security": [],
+                "responses": {"200": {"description": "HTML page"}},
+            }
+        },
+        "/dashboard": {
+            "get": {
+                "summary": "The live lane dashboard (HTML; it reads /v1/stats)",
+                "security": [],
+                "responses": {"200": {"description": "HTML page"}},
             }
         },
         "/v1/models": {
@@ -135,7 +249,7 @@ OPENAPI: dict[str, Any] = {
         "/v1/chat/completions": {
             "post": {
                 "summary": "Chat completion (SSE with stream: true)",
-                "parameters": [{"name": "X-Fairlane-Class", "in": "header", "schema": _CLASS}],
+                "parameters": [_CLASS_HEADER],
                 "requestBody": {
                     "required": True,
                     "content": {
@@ -197,6 +311,159 @@ OPENAPI: dict[str, Any] = {
             "get": {
                 "summary": "The voices this server speaks with",
                 "responses": {"200": {"description": "Voice list"}, **_errors(401)},
+            }
+        },
+        "/v1/audio/transcriptions": {
+            "post": {
+                "summary": "Transcribe one utterance (class voice by default); WAV, FLAC, MP3, "
+                "OGG or raw 16-bit PCM (audio/pcm with sample_rate); at most 120 s",
+                "parameters": [_CLASS_HEADER],
+                "requestBody": _multipart(
+                    {
+                        "file": {"type": "string", "format": "binary"},
+                        "model": {"type": "string"},
+                        "language": {"type": "string"},
+                        "prompt": {"type": "string"},
+                        "response_format": {"enum": ["json", "text", "verbose_json"]},
+                        "sample_rate": {"type": "integer", "minimum": 1000, "maximum": 384000},
+                        "fairlane_class": _CLASS,
+                        "user": {"type": "string"},
+                        "deadline_ms": _DEADLINE,
+                    },
+                    ["file"],
+                ),
+                "responses": {
+                    "200": {"description": "The transcript (json, text or verbose_json)"},
+                    **_errors(400, 401, 413, 429),
+                },
+            }
+        },
+        "/v1/embeddings": {
+            "post": {
+                "summary": "Embed texts (class background by default); each text waits as one "
+                "request of its class",
+                "parameters": [_CLASS_HEADER],
+                "requestBody": _json(
+                    {
+                        "input": {
+                            "oneOf": [
+                                {"type": "string"},
+                                {"type": "array", "items": {"type": "string"}},
+                            ]
+                        },
+                        "model": {"type": "string"},
+                        "encoding_format": {"enum": ["float", "base64"]},
+                        "dimensions": {"type": ["integer", "null"], "minimum": 1},
+                        "user": {"type": ["string", "null"]},
+                        "fairlane_class": _CLASS,
+                        "priority": _PRIORITY,
+                        "deadline_ms": _DEADLINE,
+                    },
+                    ["input"],
+                ),
+                "responses": {
+                    "200": {"description": "list of embedding"},
+                    **_errors(400, 401, 413, 429),
+                },
+            }
+        },
+        "/v1/documents": {
+            "post": {
+                "summary": "Add a household document (text, Markdown, HTML, PDF): stored "
+                "before it is acknowledged, then chunked and indexed in the background lane",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        **_json(_DOCUMENT_FIELDS, ["text"])["content"],
+                        **_multipart(
+                            {
+                                "file": {"type": "string", "format": "binary"},
+                                "title": {"type": "string"},
+                                "source": {"type": "string"},
+                                "tags": {"type": "string", "description": "comma-separated"},
+                                "content_type": {"type": "string"},
+                            },
+                            ["file"],
+                        )["content"],
+                    },
+                },
+                "responses": {
+                    "200": {"description": "Already stored (unchanged: true)"},
+                    "202": {"description": "Stored; indexing"},
+                    **_errors(400, 401, 413, 415, 507),
+                },
+            },
+            "get": {
+                "summary": "Every document with its indexing progress",
+                "responses": {"200": {"description": "Document list"}, **_errors(401)},
+            },
+        },
+        "/v1/documents/search": {
+            "post": {
+                "summary": "The passages nearest in meaning to a query (class chat by default)",
+                "parameters": [_CLASS_HEADER],
+                "requestBody": _json(
+                    {
+                        "query": {"type": "string", "minLength": 1},
+                        "top_k": {"type": "integer", "minimum": 1, "maximum": 50},
+                        "fairlane_class": _CLASS,
+                    },
+                    ["query"],
+                    extra=False,
+                ),
+                "responses": {"200": {"description": "Hits"}, **_errors(400, 401, 429)},
+            }
+        },
+        "/v1/documents/{id}": {
+            "get": {
+                "summary": "One document and its indexing progress",
+                "parameters": [_ID],
+                "responses": {"200": {"description": "Document"}, **_errors(401, 404)},
+            },
+            "delete": {
+                "summary": "Forget a document and its passages",
+                "parameters": [_ID],
+                "responses": {"200": {"description": "Deleted"}, **_errors(401, 404)},
+            },
+        },
+        "/v1/jobs": {
+            "get": {
+                "summary": "Background jobs (indexing, summaries) and their progress",
+                "responses": {"200": {"description": "Job list"}, **_errors(401)},
+            }
+        },
+        "/v1/jobs/{id}": {
+            "get": {
+                "summary": "One background job",
+                "parameters": [_ID],
+                "responses": {"200": {"description": "Job"}, **_errors(401, 404)},
+            }
+        },
+        "/v1/summaries": {
+            "post": {
+                "summary": "A summary job (background lane), durable before it is "
+                "acknowledged: give text or document_id",
+                "requestBody": _json(
+                    {
+                        "text": {"type": "string", "minLength": 1},
+                        "document_id": {"type": "string"},
+                        "style": {"enum": ["short", "bullets"]},
+                        "max_words": {"type": "integer", "minimum": 10, "maximum": 400},
+                    },
+                    [],
+                    extra=False,
+                ),
+                "responses": {
+                    "202": {"description": "Stored; pending"},
+                    **_errors(400, 401, 404, 507),
+                },
+            }
+        },
+        "/v1/summaries/{id}": {
+            "get": {
+                "summary": "A summary job's status and result",
+                "parameters": [_ID],
+                "responses": {"200": {"description": "Summary"}, **_errors(401, 404)},
             }
         },
         "/v1/stats": {

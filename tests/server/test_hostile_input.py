@@ -220,3 +220,13 @@ def test_wyoming_connections_beyond_the_limit_are_told_busy(server: BackgroundSe
     assert closed and [e["type"] for e in events] == ["error"], events
     assert "busy" in events[0]["data"]["text"]
     assert again["type"] == "info"
+
+
+@pytest.mark.parametrize("calls", ['[{}]', '[{"function": {}}]', '[{"function": {"name": 5}}]'])
+def test_a_tool_call_without_a_function_name_is_a_400(server: BackgroundServer,
+                                                       calls: str) -> None:
+    # Found by the schemathesis test: the chat template read a missing name (a 500 before).
+    body = ('{"messages": [{"role": "assistant", "content": null, "tool_calls": ' + calls
+            + '}, {"role": "user", "content": "and now?"}], "max_tokens": 2}')
+    status, reply = send(server, "POST", CHAT, body.encode())
+    assert_refused(status, reply, 400, "messages.0.tool_calls.0.function")

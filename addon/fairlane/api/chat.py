@@ -49,7 +49,19 @@ MESSAGE = vol.Schema(
         vol.Required("role"): _ROLES,
         vol.Optional("content"): _CONTENT,
         vol.Optional("name"): str,
-        vol.Optional("tool_calls"): [dict],
+        vol.Optional("tool_calls"): vol.Any(
+            None,
+            [
+                vol.Schema(
+                    {
+                        vol.Required("function"): vol.Schema(
+                            {vol.Required("name"): str}, extra=vol.ALLOW_EXTRA
+                        )
+                    },
+                    extra=vol.ALLOW_EXTRA,
+                )
+            ],
+        ),
         vol.Optional("tool_call_id"): str,
     },
     extra=vol.ALLOW_EXTRA,
@@ -117,14 +129,17 @@ async def cancel_completion(request: web.Request) -> web.Response:
 
 
 # Core's llama.cpp integration sends a PDF as a text part: "[File: name.pdf]\nContent: <base64>".
-_PASTED_FILE = re.compile(
-    r"\A\[File: (?P<name>[^\]\n]+)\]\nContent: (?P<data>[A-Za-z0-9+/=\s]+)\Z"
-)
+_PASTED_FILE = re.compile(r"\A\[File: (?P<name>[^\]\n]+)\]\nContent: (?P<data>[A-Za-z0-9+/=\s]+)\Z")
 _DATA_URL = re.compile(
     r"\Adata:(?P<type>[\w.+-]+/[\w.+-]+)?(?:;[^,]*)?;base64,(?P<data>.*)\Z", re.S
 )
-_BY_SUFFIX = {".pdf": "application/pdf", ".md": "text/markdown", ".html": "text/html",
-              ".htm": "text/html", ".txt": "text/plain"}
+_BY_SUFFIX = {
+    ".pdf": "application/pdf",
+    ".md": "text/markdown",
+    ".html": "text/html",
+    ".htm": "text/html",
+    ".txt": "text/plain",
+}
 
 
 def read_parts(messages: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
