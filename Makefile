@@ -13,7 +13,8 @@ export FAIRLANE_LLAMA_SERVER ?= .bench/llama-server/bin/llama-server
 # Root installs system packages itself; anyone else through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install run test lint typecheck typecheck-ha unit unit-ha chromium simulate bench tune clean
+.PHONY: install run test lint typecheck typecheck-ha unit unit-ha chromium simulate bench tune \
+	soak overload clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +60,18 @@ chromium:
 unit-ha: install $(HA_STAMP)
 	$(VENV_HA)/bin/pytest -c tests_ha/pytest.ini tests_ha -q \
 		--cov=custom_components/fairlane --cov-report=term-missing:skip-covered
+
+# A fresh server under a light mixed load for SOAK_MINUTES (chat, voice, embeddings, documents):
+# errors, hung requests, /health latency and memory growth. Never alongside tests or benchmarks.
+SOAK_MINUTES ?= 10
+soak: install
+	mkdir -p reports
+	$(BIN)/fairlane bench soak --duration $$(( $(SOAK_MINUTES) * 60 )) --json reports/soak.json
+
+# Three times the voice and chat queue limits of streaming clients for a minute, then the drain.
+overload: install
+	mkdir -p reports
+	$(BIN)/fairlane bench overload --duration 60 --json reports/overload.json
 
 simulate: install
 	$(BIN)/fairlane simulate --profile rtx4090 --json reports/simulate-rtx4090.json --plot reports/simulate-rtx4090.png

@@ -95,7 +95,14 @@ def _bench(args: argparse.Namespace) -> int:
 
         duration = args.duration or (60.0 if args.what == "overload" else 300.0)
         result = overload.run(
-            args.what, duration, args.hang_s, args.factor, args.url, args.pid, args.token
+            args.what,
+            duration,
+            args.hang_s,
+            args.factor,
+            args.url,
+            args.pid,
+            args.token,
+            backoff=not args.no_backoff,
         )
         print(overload.format_summary(args.what, result))
     elif args.what == "throughput":
@@ -387,6 +394,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--url", help="overload, soak: a running server (default: start one)")
     bench.add_argument("--pid", type=int, help="overload, soak: that server's process, for RSS")
     bench.add_argument("--token", help="overload, soak: that server's bearer token")
+    bench.add_argument(
+        "--no-backoff",
+        action="store_true",
+        help="overload: clients retry a 429 at once (a hostile or broken client)",
+    )
     bench.add_argument("--plot", help="family: write a PNG of the results here")
     bench.add_argument("--json", help="write the figures here")
     bench.set_defaults(func=_bench)

@@ -90,6 +90,9 @@ SERVER_SCHEMA = vol.Schema(
         # Interactive SLO targets are multiplied by this on a CPU (a 2-core box is ~8× slower).
         vol.Optional("cpu_slo_scale", default=8.0): _positive(1),
         vol.Optional("max_body_mb", default=32): _positive(0.001),
+        # Connections the OS holds for the server while it is busy accepting (the kernel caps
+        # it at net.core.somaxconn); beyond it, new connections are refused or reset.
+        vol.Optional("backlog", default=1024): _count(1),
         # Where the document index (SQLite) lives.
         vol.Optional("data_dir", default="~/.local/share/fairlane"): str,
         # Addresses that may read the dashboard's figures (GET /v1/stats) without the token:
@@ -212,6 +215,7 @@ class ServerConfig:
     profile: str = "auto"
     cpu_slo_scale: float = 8.0
     max_body_mb: float = 32
+    backlog: int = 1024
     data_dir: str = "~/.local/share/fairlane"
     stats_readers: tuple[str, ...] = ()
     token_file: str | None = None

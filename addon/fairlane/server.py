@@ -492,6 +492,7 @@ def serve(args: argparse.Namespace) -> int:
             app,
             host=cfg.server.host,
             port=cfg.server.port,
+            backlog=cfg.server.backlog,
             print=None,
             handle_signals=True,
             # A client that goes away cancels its handler: a non-streaming completion stops
@@ -542,7 +543,7 @@ class BackgroundServer:
         self.loop = asyncio.new_event_loop()
         self.runner = web.AppRunner(create_app(self.services), handler_cancellation=True)
         self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", cfg.server.port)
+        site = web.TCPSite(self.runner, "127.0.0.1", cfg.server.port, backlog=cfg.server.backlog)
         self.loop.run_until_complete(site.start())
         sockets: Any = getattr(site._server, "sockets", None)  # the port the OS picked
         self.port = int(sockets[0].getsockname()[1]) if sockets else cfg.server.port

@@ -104,6 +104,10 @@ class Report:
             "rss_start_mb": self.rss_mb[0] if self.rss_mb else None,
             "rss_peak_mb": max(self.rss_mb) if self.rss_mb else None,
             "rss_end_mb": self.rss_mb[-1] if self.rss_mb else None,
+            # Growth after the first fifth of the run (models and caches warmed): a leak shows.
+            "rss_growth_mb": round(self.rss_mb[-1] - self.rss_mb[len(self.rss_mb) // 5], 1)
+            if self.rss_mb
+            else None,
             "by_kind": by_kind,
             "device_busy": (self.stats.get("device") or {}).get("busy"),
             "output_tokens_per_s": {
@@ -135,8 +139,18 @@ def rss_mb(pid: int) -> float | None:
 class Load:
     """The clients: each coroutine sends one request at a time until the load stops."""
 
-    def __init__(self, url: str, token: str | None, hang_s: float, report: Report) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        hang_s: float,
+        report: Report,
+        think_s: float = 0.0,
+        backoff: bool = True,
+    ) -> None:
         self.url = url
+        self.backoff = backoff  # False: retry at once, as a hostile or broken client does
+        self.think_s = think_s  # a person's pause between requests (0: at once)
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.hang_s = hang_s
         self.report = report
@@ -167,7 +181,9 @@ class Load:
         outcome = Outcome(kind, time.monotonic())
         self.report.outcomes.append(outcome)
         await self._request(session, outcome, path, body, stream)
-        if outcome.status == 429 or outcome.status is None:
+        if self.think_s:
+            await asyncio.sleep(random.uniform(0.5, 1.5) * self.think_s)
+        if self.backoff and (outcome.status == 429 or outcome.status is None):
             # As OpenAI's SDK does: back off (at least a second, or as long as the server
             # asks), with jitter, before the next try.
             await asyncio.sleep(random.uniform(0.5, 1.5) * max(1.0, outcome.retry_after_s))
@@ -272,11 +288,13 @@ async def run_load(
     duration_s: float,
     hang_s: float,
     token: str | None = None,
+    think_s: float = 0.0,
+    backoff: bool = True,
 ) -> Report:
     """Run `count` clients of each job for `duration_s`, then wait for the last requests (at
     most `hang_s`, after which they count as hung)."""
     report = Report()
-    load = Load(url, token, hang_s, report)
+    load = Load(url, token, hang_s, report, think_s, backoff)
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch(url, pid, report, stop))
     clients = [
@@ -302,6 +320,9 @@ def overload_jobs(queue_limits: dict[str, int], factor: float) -> list[Job]:
     ]
 
 
+# A light household load: two people chatting, one speaking, a document and a batch of
+# embeddings now and then, each with a pause of about SOAK_THINK_S between requests.
+SOAK_THINK_S = 2.0
 SOAK_JOBS: list[Job] = [
     (2, "chat", ("chat", 32)),
     (1, "chat", ("voice", 16)),
@@ -324,6 +345,7 @@ def format_summary(name: str, summary: dict[str, Any]) -> str:
         "rss_start_mb",
         "rss_peak_mb",
         "rss_end_mb",
+        "rss_growth_mb",
         "device_busy",
         "output_tokens_per_s",
     ]
@@ -342,6 +364,7 @@ def run(
     url: str | None,
     pid: int | None,
     token: str | None,
+    backoff: bool = True,
 ) -> dict[str, Any]:
     """`fairlane bench overload|soak`: against `url` (with `pid` for its memory) or a fresh
     `fairlane serve` on the default configuration and a temporary data directory."""
@@ -350,8 +373,11 @@ def run(
 
     limits = {p.label: int(v) for p, v in PolicyConfig().queue_limit.items()}
     jobs = overload_jobs(limits, factor) if what == "overload" else SOAK_JOBS
+    think_s = 0.0 if what == "overload" else SOAK_THINK_S
     if url is not None:
-        report = asyncio.run(run_load(url, pid, jobs, duration_s, hang_s, token))
+        report = asyncio.run(
+            run_load(url, pid, jobs, duration_s, hang_s, token, think_s, backoff)
+        )
         return report.summary()
     import sys
     import tempfile
@@ -362,6 +388,8 @@ def run(
     argv += ["--set", "wyoming.port=0"]
     with ServerProcess(argv, port, env={**os.environ}) as server:
         report = asyncio.run(
-            run_load(server.url, server.process.pid, jobs, duration_s, hang_s, token)
+            run_load(
+                server.url, server.process.pid, jobs, duration_s, hang_s, token, think_s, backoff
+            )
         )
     return report.summary()
