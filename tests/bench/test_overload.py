@@ -1,0 +1,36 @@
+"""The overload and soak figures count what they say (no server: outcomes as a client saw them)."""
+
+from __future__ import annotations
+
+from fairlane.bench.overload import Outcome, Report, overload_jobs
+
+
+def test_the_summary_counts_each_kind_of_failure_once() -> None:
+    report = Report(
+        outcomes=[
+            Outcome("chat", 0.0, status=200, first=0.5, done=1.0),
+            Outcome("chat", 0.0, status=429, first=0.01, done=0.01, code="refused"),
+            Outcome("chat", 0.0, status=429, first=30.0, done=30.0, code="deadline_exceeded"),
+            Outcome("voice", 0.0, error="hung"),
+            Outcome("voice", 0.0, error="reset"),
+            Outcome("voice", 0.0, status=200, first=0.2, error="cut off"),
+            Outcome("voice", 0.0, status=503, first=0.1, done=0.1, code="busy"),
+        ],
+        health_s=[0.01, 0.02, 0.5],
+        rss_mb=[1000.0, 1010.0, 1010.0, 1012.0, 1015.0, 1020.0],
+    )
+    summary = report.summary()
+    assert (summary["5xx"], summary["hung"], summary["resets"]) == (1, 1, 2)
+    # Time to a refusal counts admission's refusals, not requests that waited and expired.
+    assert summary["refusal_max_s"] == 0.01
+    assert summary["health_max_s"] == 0.5
+    assert summary["rss_growth_mb"] == 10.0  # from the first fifth of the run on
+    assert summary["statuses"]["429 deadline_exceeded"] == 1
+    assert summary["by_kind"]["chat"] == {
+        "sent": 3, "served": 1, "first_p50_s": 0.5, "first_p95_s": 0.5
+    }
+
+
+def test_overload_is_three_times_each_interactive_queue() -> None:
+    jobs = overload_jobs({"voice": 32, "chat": 128, "background": 10**6}, 3.0)
+    assert [(count, args[0]) for count, _, args in jobs] == [(96, "voice"), (384, "chat")]
