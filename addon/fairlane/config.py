@@ -72,6 +72,7 @@ POLICY_SCHEMA = vol.Schema(
         vol.Optional("share_window_s"): _positive(0.1),
         vol.Optional("queue_limit"): _per_class(_count(1)),
         vol.Optional("deadline_ms"): _per_class(vol.Any(None, _positive(1))),
+        vol.Optional("max_wait_ms"): _per_class(vol.Any(None, _positive(1))),
         vol.Optional("slo"): _per_class(_SLO),
     },
     extra=vol.PREVENT_EXTRA,
@@ -342,7 +343,7 @@ class ConfigError(ValueError):
 def policy_config(raw: dict[str, Any]) -> PolicyConfig:
     """Build a PolicyConfig from validated `policy:` values, per-class maps merged on defaults."""
     values = {k: v for k, v in raw.items() if k != "name"}
-    for key in ("batch_window_ms", "queue_limit", "deadline_ms"):
+    for key in ("batch_window_ms", "queue_limit", "deadline_ms", "max_wait_ms"):
         if key in values:
             merged = dict(getattr(_DEFAULTS, key))
             merged.update({Priority.parse(c): v for c, v in values[key].items()})

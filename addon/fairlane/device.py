@@ -180,7 +180,10 @@ class DeviceLoop:
                 self._release.clear()
                 now = self.clock()
                 for request in self.policy.expire(now):
-                    reason = "deadline: no output before the request's deadline"
+                    reason = (
+                        "deadline: not started before its deadline (the request's deadline_ms, "
+                        "or its class's policy.max_wait_ms)"
+                    )
                     self._end(request.id, request.kind, reason)
                 plan = self.policy.schedule(now)
                 if not isinstance(plan, IdlePlan):

@@ -13,8 +13,8 @@ from tests.policy.helpers import CHAT, VOICE, llm, make, step
 
 
 def test_under_constant_voice_overload_every_chat_request_is_answered_by_its_deadline() -> None:
-    policy = make()  # the default deadlines and queue limits
-    deadline_s = policy.config.deadline_ms[CHAT] / 1000.0
+    policy = make()  # the default waiting limits and queue limits
+    deadline_s = policy.config.max_wait_ms[CHAT] / 1000.0
     numbers = itertools.count()
     admitted: dict[str, float] = {}  # chat request → when it was admitted
     answered: dict[str, float] = {}  # → its first output, or the moment it was dropped

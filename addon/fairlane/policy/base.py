@@ -194,8 +194,9 @@ class Policy(ABC):
         request.order = next(self._admitted)
         self.requests[request.id] = request
         self._enqueue(request, now)
-        if request.deadline_s is not None:
-            deadline = request.arrival + request.deadline_s
+        limits = [s for s in (request.deadline_s, request.max_wait_s) if s is not None]
+        if limits:
+            deadline = request.arrival + min(limits)
             heapq.heappush(self._deadlines, (deadline, request.order, request))
         return Admission(True)
 

@@ -76,9 +76,18 @@ class PolicyConfig:
     queue_limit: dict[Priority, float] = field(
         default_factory=lambda: _per_class(32, 128, 1_000_000)
     )
-    # A spoken command not started in 10 s, a chat turn not started in 30 s: the person is
-    # better told "busy" than kept waiting (background work is durable and waits its turn).
     deadline_ms: dict[Priority, float | None] = field(
+        default_factory=lambda: {
+            Priority.VOICE: None,
+            Priority.CHAT: None,
+            Priority.BACKGROUND: None,
+        }
+    )
+    # The longest a request may wait before its first step: a spoken command not started in
+    # 10 s, a chat turn not started in 30 s gets a 429 (the person is better told "busy" than
+    # kept waiting; background work is durable and waits its turn). Unlike a deadline it does
+    # not count the request's own prefill, so it never refuses a long prompt on a slow device.
+    max_wait_ms: dict[Priority, float | None] = field(
         default_factory=lambda: {
             Priority.VOICE: 10_000,
             Priority.CHAT: 30_000,

@@ -68,6 +68,8 @@ class Request:
     audio_s: float = 0.0
     # Interactive requests may carry a hard deadline for their first output (rule 9).
     deadline_s: float | None = None
+    # The longest it may wait before its first step (the policy's max_wait_ms), or None.
+    max_wait_s: float | None = None
 
     status: Status = Status.WAITING
     # Admission order, set by the policy: "newer" among requests that arrived together.

@@ -612,6 +612,9 @@ class FairlaneScheduler(Policy):
         deadline_ms = self.config.deadline_ms[priority]
         if request.deadline_s is None and deadline_ms is not None:
             request.deadline_s = deadline_ms / 1000.0
+        max_wait_ms = self.config.max_wait_ms[priority]
+        if request.max_wait_s is None and max_wait_ms is not None:
+            request.max_wait_s = max_wait_ms / 1000.0
         if request.deadline_s is not None and priority.interactive:
             wait_s = self._predicted_wait(request)
             if wait_s > request.deadline_s:
