@@ -112,9 +112,12 @@ class DeviceLoop:
 
     def quick_refusal(self, priority: Priority) -> Admission | None:
         """The policy's refusal of any new request of this class (a full queue), asked before
-        a handler spends time on the request; None when it may go on."""
-        with self._lock:
-            return self.policy.quick_refusal(priority)
+        a handler spends time on the request; None when it may go on.
+
+        Without the lock: it only reads queue lengths, a stale answer costs nothing (`submit`
+        asks the policy again under the lock), and under overload the loop thread holds the
+        lock often enough that taking it for every refusal stalls the event loop."""
+        return self.policy.quick_refusal(priority)
 
     def cancel(self, request_id: str) -> bool:
         """Drop a request; a running sequence leaves at the next iteration, its KV freed.

@@ -12,6 +12,7 @@ def test_the_summary_counts_each_kind_of_failure_once() -> None:
             Outcome("chat", 0.0, status=429, first=0.01, done=0.01, code="refused"),
             Outcome("chat", 0.0, status=429, first=30.0, done=30.0, code="deadline_exceeded"),
             Outcome("voice", 0.0, error="hung"),
+            Outcome("voice", 0.0, status=200, first=3.0, error="slow"),
             Outcome("voice", 0.0, error="reset"),
             Outcome("voice", 0.0, status=200, first=0.2, error="cut off"),
             Outcome("voice", 0.0, status=503, first=0.1, done=0.1, code="busy"),
@@ -21,6 +22,7 @@ def test_the_summary_counts_each_kind_of_failure_once() -> None:
     )
     summary = report.summary()
     assert (summary["5xx"], summary["hung"], summary["resets"]) == (1, 1, 2)
+    assert summary["slow"] == 1
     # Time to a refusal counts admission's refusals, not requests that waited and expired.
     assert summary["refusal_max_s"] == 0.01
     assert summary["health_max_s"] == 0.5

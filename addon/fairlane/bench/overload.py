@@ -9,7 +9,8 @@ connection as OpenAI's SDK does (at least a second, or the server's `Retry-After
 jitter), so the load is many patient clients, not one hammering loop. The figures:
 
 - **5xx**: any server error;
-- **hung**: a request with no first token, no result and no error within `hang_s`;
+- **hung**: a request with no first token, no result and no error within `hang_s` (a stream
+  whose first token came but which is still going then is counted as **slow**);
 - **resets**: connections refused or reset, and responses cut off without an error;
 - **time to refusal**: how long a 429 took to arrive (a refusal should be fast);
 - **health**: how long `/health` took to answer while the load ran;
@@ -94,6 +95,7 @@ class Report:
             "statuses": dict(sorted(statuses.items())),
             "5xx": sum(1 for o in self.outcomes if o.status and o.status >= 500),
             "hung": sum(o.error == "hung" for o in self.outcomes),
+            "slow": sum(o.error == "slow" for o in self.outcomes),
             "resets": sum(o.error in ("reset", "cut off") for o in self.outcomes),
             "refusal_p50_s": _pct(refusals, 50),
             "refusal_p99_s": _pct(refusals, 99),
@@ -226,7 +228,8 @@ class Load:
                     if not finished and outcome.error is None:
                         outcome.error = "cut off"
         except TimeoutError:
-            outcome.error = "hung"
+            # No answer at all is a hung request; a stream still going is only a slow one.
+            outcome.error = "hung" if outcome.first is None else "slow"
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError):
             outcome.error = "reset"
 
@@ -336,6 +339,7 @@ def format_summary(name: str, summary: dict[str, Any]) -> str:
         "requests",
         "5xx",
         "hung",
+        "slow",
         "resets",
         "refusal_p50_s",
         "refusal_max_s",
