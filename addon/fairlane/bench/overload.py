@@ -58,6 +58,7 @@ class Outcome:
     error: str | None = None  # "reset", "hung", "cut off" or the error's code
     code: str | None = None  # an HTTP error's code ("refused", "deadline_exceeded"…)
     retry_after_s: float = 0.0
+    tokens: int = 0  # content chunks streamed to the client
 
 
 @dataclass
@@ -90,8 +91,13 @@ class Report:
                 "first_p50_s": _pct(waits, 50),
                 "first_p95_s": _pct(waits, 95),
             }
+        ends = [o.done or o.first or o.sent for o in self.outcomes]
+        span = max(ends) - min(o.sent for o in self.outcomes) if self.outcomes else 0.0
         return {
             "requests": len(self.outcomes),
+            # Useful work: tokens the clients received, over the load and the drain after it.
+            "tokens_received": sum(o.tokens for o in self.outcomes),
+            "tokens_per_s": round(sum(o.tokens for o in self.outcomes) / span, 2) if span else 0,
             "statuses": dict(sorted(statuses.items())),
             "5xx": sum(1 for o in self.outcomes if o.status and o.status >= 500),
             "hung": sum(o.error == "hung" for o in self.outcomes),
@@ -222,8 +228,11 @@ class Load:
                         if "error" in chunk:
                             outcome.error = str(chunk["error"].get("code") or "error")
                             outcome.first = outcome.first or time.monotonic()
-                        elif outcome.first is None:
-                            outcome.first = time.monotonic()
+                        else:
+                            choices = chunk.get("choices") or [{}]
+                            outcome.tokens += bool((choices[0].get("delta") or {}).get("content"))
+                            if outcome.first is None:
+                                outcome.first = time.monotonic()
                     outcome.done = time.monotonic()
                     if not finished and outcome.error is None:
                         outcome.error = "cut off"
@@ -337,6 +346,8 @@ SOAK_JOBS: list[Job] = [
 def format_summary(name: str, summary: dict[str, Any]) -> str:
     keys = [
         "requests",
+        "tokens_received",
+        "tokens_per_s",
         "5xx",
         "hung",
         "slow",
