@@ -68,6 +68,8 @@ class Report:
     health_failures: int = 0
     rss_mb: list[float] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)  # the server's, as the load ended
+    tokens_in_load: int = 0  # tokens received while the load ran (not in the drain after it)
+    load_s: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         statuses = Counter(
@@ -98,6 +100,8 @@ class Report:
             # Useful work: tokens the clients received, over the load and the drain after it.
             "tokens_received": sum(o.tokens for o in self.outcomes),
             "tokens_per_s": round(sum(o.tokens for o in self.outcomes) / span, 2) if span else 0,
+            # The same while the load ran: the drain after it has the CPU to itself.
+            "load_tokens_per_s": round(self.tokens_in_load / self.load_s, 2) if self.load_s else 0,
             "statuses": dict(sorted(statuses.items())),
             "5xx": sum(1 for o in self.outcomes if o.status and o.status >= 500),
             "hung": sum(o.error == "hung" for o in self.outcomes),
@@ -230,7 +234,10 @@ class Load:
                             outcome.first = outcome.first or time.monotonic()
                         else:
                             choices = chunk.get("choices") or [{}]
-                            outcome.tokens += bool((choices[0].get("delta") or {}).get("content"))
+                            token = bool((choices[0].get("delta") or {}).get("content"))
+                            outcome.tokens += token
+                            if not self.stopping:
+                                self.report.tokens_in_load += token
                             if outcome.first is None:
                                 outcome.first = time.monotonic()
                     outcome.done = time.monotonic()
@@ -315,6 +322,7 @@ async def run_load(
         for _ in range(count)
     ]
     await asyncio.sleep(duration_s)
+    report.load_s = duration_s
     report.stats = await _server_stats(url, load.headers)
     load.stopping = True
     await asyncio.gather(*clients)
@@ -348,6 +356,7 @@ def format_summary(name: str, summary: dict[str, Any]) -> str:
         "requests",
         "tokens_received",
         "tokens_per_s",
+        "load_tokens_per_s",
         "5xx",
         "hung",
         "slow",
