@@ -240,6 +240,9 @@ class WyomingHandler(AsyncEventHandler):
             await self._error(str(err), "BadEvent")
         except (KeyError, TypeError, ValueError) as err:  # an event whose fields are wrong
             await self._error(f"a malformed event: {err!r}", "BadEvent")
+        except Exception as err:  # e.g. audio the converter cannot take: said, not dropped
+            _LOGGER.warning("Wyoming connection failed: %r", err)
+            await self._error(f"the event could not be handled: {err!r}", "BadEvent")
         finally:
             services.connections -= 1
             await self.disconnect()

@@ -174,6 +174,9 @@ def _event(kind: str, data: dict[str, Any] | None = None, payload: bytes = b"") 
     ([b'{"type": "transcribe", "data_length": -5}\n'], "data_length"),
     ([_event("audio-start", {"rate": 16000, "width": 2, "channels": 1}),
       _event("audio-chunk", {"width": 2}, b"\0" * 320)], "malformed event"),
+    ([_event("audio-start", {"rate": 16000, "width": 2, "channels": 1}),
+      _event("audio-chunk", {"rate": 16000, "width": 5, "channels": 1}, b"\0" * 320)],
+     "could not be handled"),
 ])
 def test_a_malformed_wyoming_event_gets_an_error_and_a_closed_connection(
         server: BackgroundServer, sent: list[bytes], words: str) -> None:
