@@ -16,6 +16,7 @@ def test_the_summary_counts_each_kind_of_failure_once() -> None:
             Outcome("voice", 0.0, error="reset"),
             Outcome("voice", 0.0, status=200, first=0.2, error="cut off"),
             Outcome("voice", 0.0, status=503, first=0.1, done=0.1, code="busy"),
+            Outcome("documents", 0.0, status=202, first=0.3, done=0.3),
         ],
         health_s=[0.01, 0.02, 0.5],
         rss_mb=[1000.0, 1010.0, 1010.0, 1012.0, 1015.0, 1020.0],
@@ -28,6 +29,7 @@ def test_the_summary_counts_each_kind_of_failure_once() -> None:
     assert summary["health_max_s"] == 0.5
     assert summary["rss_growth_mb"] == 10.0  # from the first fifth of the run on
     assert summary["statuses"]["429 deadline_exceeded"] == 1
+    assert summary["by_kind"]["documents"]["served"] == 1  # a 202 is an answer
     assert summary["by_kind"]["chat"] == {
         "sent": 3, "served": 1, "first_p50_s": 0.5, "first_p95_s": 0.5
     }

@@ -82,7 +82,10 @@ class Report:
             for o in self.outcomes
             if o.status == 429 and o.code == "refused" and o.first
         ]
-        served = [o for o in self.outcomes if o.status == 200 and o.first is not None]
+        # Answered: a stream's first token, or a 2xx result (a document is a 202).
+        served = [
+            o for o in self.outcomes if o.status and 200 <= o.status < 300 and o.first is not None
+        ]
         by_kind: dict[str, Any] = {}
         for kind in sorted({o.kind for o in self.outcomes}):
             mine = [o for o in served if o.kind == kind]
