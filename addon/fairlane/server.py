@@ -415,7 +415,7 @@ def build_services(cfg: config_mod.Config) -> Services:
         instance_id=identity,
         data_lock=data_lock,
         placements=placements,
-        documents=DocumentStore(Path(cfg.server.data_dir).expanduser() / "fairlane.sqlite")
+        documents=DocumentStore(data_dir / "fairlane.sqlite")
         if embedder is not None
         else None,
     )

@@ -129,17 +129,14 @@ async def cancel_completion(request: web.Request) -> web.Response:
 
 
 # Core's llama.cpp integration sends a PDF as a text part: "[File: name.pdf]\nContent: <base64>".
-_PASTED_FILE = re.compile(r"\A\[File: (?P<name>[^\]\n]+)\]\nContent: (?P<data>[A-Za-z0-9+/=\s]+)\Z")
+_PASTED_FILE = re.compile(
+    r"\A\[File: (?P<name>[^\]\n]+)\]\nContent: (?P<data>[A-Za-z0-9+/=\s]+)\Z"
+)
 _DATA_URL = re.compile(
     r"\Adata:(?P<type>[\w.+-]+/[\w.+-]+)?(?:;[^,]*)?;base64,(?P<data>.*)\Z", re.S
 )
-_BY_SUFFIX = {
-    ".pdf": "application/pdf",
-    ".md": "text/markdown",
-    ".html": "text/html",
-    ".htm": "text/html",
-    ".txt": "text/plain",
-}
+_BY_SUFFIX = {".pdf": "application/pdf", ".md": "text/markdown", ".html": "text/html",
+              ".htm": "text/html", ".txt": "text/plain"}
 
 
 def read_parts(messages: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:

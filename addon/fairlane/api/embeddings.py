@@ -24,7 +24,7 @@ from fairlane.api.common import (
     services_of,
     validate,
 )
-from fairlane.policy import FairlaneScheduler, Kind, Priority, Request
+from fairlane.policy import Kind, Priority, Request
 
 # --- embeddings ----------------------------------------------------------------------------------
 
@@ -74,8 +74,8 @@ async def embeddings(request: web.Request) -> web.Response:
     priority = request_class(request, body, Priority.BACKGROUND)
     # Each text waits as one request of its class: more texts than the class's queue holds
     # could never be admitted, so that is a 400 that says why, not a 429 to retry forever.
-    limit = svc.device.policy.config.queue_limit[priority]
-    if isinstance(svc.device.policy, FairlaneScheduler) and len(texts) > limit:
+    limit = svc.device.policy.queue_limit(priority)
+    if len(texts) > limit:
         raise ApiError(
             400,
             f"input: a {priority.label} request may hold at most {int(limit)} texts (its "

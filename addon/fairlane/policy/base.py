@@ -166,9 +166,19 @@ class Policy(ABC):
         """The most KV positions (prompt + output) one request of this class may hold."""
         return self.kv.capacity_tokens
 
+    def queue_limit(self, priority: Priority) -> float:
+        """The most requests of this class that may wait at once (rule 9; none here)."""
+        return math.inf
+
     def quick_refusal(self, priority: Priority) -> Admission | None:
         """A refusal known before the request is read further (its class's queue is full):
         the server answers it without rendering or tokenizing anything. None: go on."""
+        limit = self.queue_limit(priority)
+        if limit == math.inf:
+            return None  # no limit: nothing to count
+        waiting = self.waiting_count(priority)
+        if waiting >= limit:
+            return Admission(False, f"the {priority.label} queue is full ({waiting} waiting)")
         return None
 
     def _admission_refusal(self, request: Request, now: float) -> Admission | None:

@@ -626,11 +626,8 @@ class FairlaneScheduler(Policy):
                 )
         return None
 
-    def quick_refusal(self, priority: Priority) -> Admission | None:
-        waiting = sum(len(self.waiting[k, priority]) for k in Kind)
-        if waiting >= self.config.queue_limit[priority]:
-            return Admission(False, f"the {priority.label} queue is full ({waiting} waiting)")
-        return None
+    def queue_limit(self, priority: Priority) -> float:
+        return self.config.queue_limit[priority]
 
     def _predicted_wait(self, request: Request) -> float:
         """Time until the request's first output: the step in flight, then the work of its lane
