@@ -42,10 +42,10 @@ def busy_server() -> Iterator[BackgroundServer]:
             assert http(server, "POST", "/v1/chat/completions", body)[0] == 200
         for note in NOTES:
             assert http(server, "POST", "/v1/documents", {"text": note})[0] == 202
-        for _ in range(600):
-            indexing = http(server, "GET", "/v1/stats")[1]["background"]["indexing"]
-            if indexing["chunks_done"] == indexing["chunks_total"]:
-                break
+        deadline = time.monotonic() + 120
+        while (indexing := http(server, "GET", "/v1/stats")[1]["background"]["indexing"])[
+                "chunks_done"] != indexing["chunks_total"]:
+            assert time.monotonic() < deadline, f"not indexed: {indexing}"
             time.sleep(0.1)
         yield server
 

@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fairlane.api.documents import _chunk
 from fairlane.bench.servers import free_port
 from fairlane.server import BackgroundServer
 from tests.server.conftest import pdf_bytes
@@ -312,3 +314,53 @@ def test_a_long_text_is_summarised_map_reduce(server) -> None:
 def test_bad_summary_requests(server, body, status, message) -> None:
     got, reply = http(server, "POST", "/v1/summaries", body)
     assert got == status and message in reply["error"]["message"]
+
+
+def _stored_while_reading(server: BackgroundServer, monkeypatch, read: str, store_one) -> str:
+    """Make a worker's next empty read race a new item: the item is stored, and its wake-up
+    sent, after the read found nothing but before the worker goes back to sleep. Returns the
+    new item's id once the race has happened."""
+    store = server.services.documents
+    real = getattr(store, read)
+    raced: list[str] = []
+    woken = threading.Event()
+    event = server.services.index_wakeup if read == "pending" else \
+        server.services.summary_wakeup
+
+    def racing_read(*args):
+        result = real(*args)
+        if not result and not raced:
+            raced.append(store_one(store))
+            server.loop.call_soon_threadsafe(lambda: (event.set(), woken.set()))
+            assert woken.wait(10)
+        return result
+
+    monkeypatch.setattr(store, read, racing_read)
+    server.loop.call_soon_threadsafe(event.set)  # an idle worker reads again
+    for _ in range(600):
+        if raced:
+            return raced[0]
+        time.sleep(0.05)
+    raise AssertionError("the worker did not read")
+
+
+def test_a_document_stored_while_the_indexer_reads_is_not_forgotten(
+        server, monkeypatch) -> None:
+    text = "Window cleaner: every third Wednesday, paid in cash, twelve euros."
+    embedder = server.services.embedder
+    document_id = _stored_while_reading(
+        server, monkeypatch, "pending",
+        lambda store: store.add(text, _chunk(embedder, text), "Windows", None, [],
+                                "text/plain")[0])
+    deadline = time.monotonic() + 120
+    while http(server, "GET", f"/v1/documents/{document_id}")[1]["status"] != "indexed":
+        assert time.monotonic() < deadline, "the indexer slept through the new document"
+        time.sleep(0.1)
+
+
+def test_a_summary_stored_while_the_summariser_reads_is_not_forgotten(
+        server, monkeypatch) -> None:
+    summary_id = _stored_while_reading(
+        server, monkeypatch, "pending_summaries",
+        lambda store: store.add_summary(CORPUS["vet"], None, "short", 10))
+    assert _wait_summary(server, summary_id, timeout=120)["status"] == "done"

@@ -204,10 +204,12 @@ async def _index_forever(svc: Services, health: Component) -> None:
     failure ends it: its supervisor reports it and starts it again)."""
     assert svc.documents is not None and svc.embedder is not None
     while True:
+        # Cleared before the read, never after: a document stored while the read runs sets
+        # the event again, so its wake-up is not lost.
+        svc.index_wakeup.clear()
         batch = await asyncio.to_thread(svc.documents.pending, 256)
         health.ok()
         if not batch:
-            svc.index_wakeup.clear()
             await svc.index_wakeup.wait()
             continue
         try:
@@ -303,10 +305,10 @@ async def _summarise_forever(svc: Services, health: Component) -> None:
     """Run pending summary jobs (after a restart too: a job is done only once it is stored)."""
     assert svc.documents is not None
     while True:
+        svc.summary_wakeup.clear()  # before the read, as the indexer does
         pending = await asyncio.to_thread(svc.documents.pending_summaries)
         health.ok()
         if not pending:
-            svc.summary_wakeup.clear()
             await svc.summary_wakeup.wait()
             continue
         for job in pending:
