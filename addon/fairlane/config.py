@@ -34,6 +34,11 @@ def _per_class(value: Any) -> vol.Schema:
     return vol.Schema({vol.In(CLASSES): value})
 
 
+# An engine's `worker`: the device loop it runs on; engines that name the same worker share
+# one loop. None: the device it runs on (`cpu`, `cuda`), so a GPU's engines never wait for a
+# CPU's steps (rule 10).
+_WORKER = vol.Any(None, vol.All(str, vol.Length(min=1)))
+
 _SLO = vol.Schema(
     {
         vol.Optional("ttft_ms"): vol.Any(None, _positive(1)),
@@ -135,6 +140,7 @@ LLM_SCHEMA = vol.Schema(
         # KV cells kept for finished sequences, reused by prompts that start the same way;
         # taken from n_ctx. None: a quarter of n_ctx; 0: no prefix cache.
         vol.Optional("prefix_cache_tokens", default=None): vol.Any(None, _count(0)),
+        vol.Optional("worker", default=None): _WORKER,
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -150,6 +156,7 @@ STT_SCHEMA = vol.Schema(
         vol.Optional("threads", default=0): _count(0),  # 0: one per core this process owns
         vol.Optional("beam_size", default=1): _count(1),
         vol.Optional("vad", default=False): bool,  # trim silence before transcribing
+        vol.Optional("worker", default=None): _WORKER,
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -163,6 +170,7 @@ EMBED_SCHEMA = vol.Schema(
         vol.Optional("device", default="cpu"): vol.In(["cpu", "cuda"]),
         vol.Optional("threads", default=0): _count(0),  # 0: one per core this process owns
         vol.Optional("max_inputs", default=2048): _count(1),  # texts in one request
+        vol.Optional("worker", default=None): _WORKER,
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -175,6 +183,7 @@ TTS_SCHEMA = vol.Schema(
         vol.Optional("voice", default="en_US-joe-medium"): str,
         vol.Optional("device", default="cpu"): vol.In(["cpu", "cuda"]),
         vol.Optional("threads", default=0): _count(0),  # 0: one per core this process owns
+        vol.Optional("worker", default=None): _WORKER,
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -248,6 +257,7 @@ class LlmConfig:
     gpu_layers: int = 0
     max_tokens: int = 512
     prefix_cache_tokens: int | None = None
+    worker: str | None = None
 
     @property
     def prefix_cache(self) -> int:
@@ -266,6 +276,7 @@ class SttConfig:
     threads: int = 0
     beam_size: int = 1
     vad: bool = False
+    worker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -276,6 +287,7 @@ class EmbedConfig:
     device: str = "cpu"
     threads: int = 0
     max_inputs: int = 2048
+    worker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -284,6 +296,7 @@ class TtsConfig:
     voice: str = "en_US-joe-medium"
     device: str = "cpu"
     threads: int = 0
+    worker: str | None = None
 
 
 @dataclass(frozen=True)

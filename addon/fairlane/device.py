@@ -1,4 +1,9 @@
-"""The device loop: one thread that runs the policy's steps one at a time.
+"""The device loops: one thread per device that runs its policy's steps one at a time.
+
+Engines are grouped by the device they run on (or the `worker` the configuration names for
+them); each group gets its own loop, with its own policy, queues and step clock, so a CPU
+Whisper step never holds up the GPU's decode iterations (rule 10). `Devices` routes each
+request to the loop that runs its kind; handlers talk to it as to one loop.
 
 HTTP handlers never touch an engine. They `submit()` a request (the policy admits or refuses it
 at once) and receive its output through a callback; the loop thread asks the policy for the next
@@ -55,6 +60,7 @@ class StepRecord:
     prefill_tokens: int
     decode_seqs: int
     predicted_s: float
+    device: str = ""  # the loop that ran it
 
 
 class DeviceLoop:
@@ -66,7 +72,9 @@ class DeviceLoop:
         engines: dict[Kind, Engine],
         clock: Callable[[], float] = time.monotonic,
         history: int = 20_000,
+        name: str = "device",
     ) -> None:
+        self.name = name
         self.policy = policy
         self.engines = engines
         self.clock = clock
@@ -77,7 +85,7 @@ class DeviceLoop:
         self._kinds: dict[str, Kind] = {}
         self._release: list[tuple[Kind, str]] = []
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="fairlane-device", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"fairlane-{name}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -165,7 +173,7 @@ class DeviceLoop:
             end = self.clock()
             with self._lock:
                 finished = self.policy.update_from_output(plan, result, end)
-                self.records.append(_record(plan, start, end))
+                self.records.append(_record(plan, start, end, self.name))
                 for event in events:
                     sink = self._sinks.get(event.request_id)
                     if sink is not None:
@@ -217,7 +225,7 @@ class DeviceLoop:
                 self._end(request_id, plan.kind, f"error: {message}")
 
 
-def _record(plan: StepPlan, start: float, end: float) -> StepRecord:
+def _record(plan: StepPlan, start: float, end: float, device: str) -> StepRecord:
     if isinstance(plan, LlmPlan):
         return StepRecord(
             start,
@@ -229,7 +237,77 @@ def _record(plan: StepPlan, start: float, end: float) -> StepRecord:
             plan.prefill_tokens,
             plan.decode_seqs,
             plan.predicted_s,
+            device,
         )
     return StepRecord(
-        start, end, plan.kind, plan.request_ids, (), (plan.priority,), 0, 0, plan.predicted_s
+        start, end, plan.kind, plan.request_ids, (), (plan.priority,), 0, 0, plan.predicted_s,
+        device,
     )
+
+
+class Devices:
+    """Every device loop, and which kind of work each runs.
+
+    A request goes to the loop that holds its kind's engine; that loop's policy admits it,
+    orders it against the other work on the same device and plans its steps. Work on
+    different loops overlaps; the priority rules hold on each.
+    """
+
+    def __init__(self, loops: list[DeviceLoop]) -> None:
+        if not loops:
+            raise ValueError("at least one device loop")
+        self.loops = {loop.name: loop for loop in loops}
+        self._by_kind = {kind: loop for loop in loops for kind in loop.engines}
+        self.clock = loops[0].clock
+
+    def loop_for(self, kind: Kind) -> DeviceLoop:
+        loop = self._by_kind.get(kind)
+        if loop is None:
+            raise RuntimeError(f"no engine runs {kind.value} work")
+        return loop
+
+    def policy_for(self, kind: Kind) -> Policy:
+        return self.loop_for(kind).policy
+
+    @property
+    def policy(self) -> Policy:
+        """The LLM's policy (the one that holds the KV cache)."""
+        return self.policy_for(Kind.LLM)
+
+    @property
+    def records(self) -> list[StepRecord]:
+        """Every loop's step records, in order of start."""
+        if len(self.loops) == 1:
+            return list(next(iter(self.loops.values())).records)
+        merged = [r for loop in self.loops.values() for r in list(loop.records)]
+        return sorted(merged, key=lambda r: r.start)
+
+    def start(self) -> None:
+        for loop in self.loops.values():
+            loop.start()
+
+    def stop(self) -> None:
+        for loop in self.loops.values():
+            loop.stop()
+
+    def submit(self, request: Request, register: Callable[[], int | None], sink: Sink) -> Admission:
+        return self.loop_for(request.kind).submit(request, register, sink)
+
+    def quick_refusal(self, priority: Priority, kind: Kind = Kind.LLM) -> Admission | None:
+        return self.loop_for(kind).quick_refusal(priority)
+
+    def cancel(self, request_id: str) -> bool:
+        return any(loop.cancel(request_id) for loop in self.loops.values())
+
+    def snapshot(self) -> dict[str, object]:
+        """Queues summed over the loops; the KV cache and cost fit are the LLM loop's."""
+        snapshots = {name: loop.snapshot() for name, loop in self.loops.items()}
+        first = snapshots[self.loop_for(Kind.LLM).name] if Kind.LLM in self._by_kind else \
+            next(iter(snapshots.values()))
+        combined = dict(first)
+        for key in ("waiting", "running"):
+            combined[key] = {
+                p.label: sum(s[key][p.label] for s in snapshots.values())  # type: ignore[index]
+                for p in Priority
+            }
+        return combined

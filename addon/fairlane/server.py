@@ -51,7 +51,7 @@ from fairlane.api.speech import transcriptions
 from fairlane.api.voice import speech, voices
 from fairlane.chat import ChatTemplate, ChatTemplateError
 from fairlane.components import storage_full
-from fairlane.device import DeviceLoop
+from fairlane.device import DeviceLoop, Devices, StepRecord
 from fairlane.documents import DocumentStore, progress
 from fairlane.engines.embed import EmbedConfig as EmbedEngineConfig
 from fairlane.engines.embed import EmbeddingEngine
@@ -66,7 +66,7 @@ from fairlane.engines.tts import TtsConfig as TtsEngineConfig
 from fairlane.identity import instance_id
 from fairlane.openapi import OPENAPI
 from fairlane.placement import Placement
-from fairlane.policy import CostModel, Kind, Priority, make_policy
+from fairlane.policy import CostModel, Kind, PolicyConfig, Priority, make_policy
 from fairlane.profiles import load as load_profile
 from fairlane.synthesis import VoiceService
 from fairlane.telemetry import Telemetry
@@ -234,8 +234,14 @@ async def stats(request: web.Request) -> web.Response:
     svc = services_of(request)
     body = svc.telemetry.stats(svc.device.snapshot())
     body["policy"] = svc.policy_name
-    body["device"] = _device_use(svc.device, body["window_s"])
-    body["steps"] = _step_summary(svc.device)
+    # `device`: the LLM's loop (as before there were several); `devices`: each loop's.
+    devices = {
+        name: {"kinds": [k.value for k in loop.engines], **_device_use(loop, body["window_s"])}
+        for name, loop in svc.device.loops.items()
+    }
+    body["device"] = devices[svc.device.loop_for(Kind.LLM).name]
+    body["devices"] = devices
+    body["steps"] = _step_summary(svc.device.records)
     if svc.documents is not None:
         documents = await asyncio.to_thread(svc.documents.documents)
         body["background"] = {"indexing": progress(documents, svc.started_at)}
@@ -276,10 +282,10 @@ def _device_use(device: DeviceLoop, window_s: float) -> dict[str, Any]:
     }
 
 
-def _step_summary(device: DeviceLoop, last: int = 50) -> list[dict[str, Any]]:
-    records = list(device.records)[-last:]
+def _step_summary(records: list[StepRecord], last: int = 50) -> list[dict[str, Any]]:
     return [
         {
+            "device": r.device,
             "start": round(r.start, 4),
             "end": round(r.end, 4),
             "kind": r.kind.value,
@@ -288,7 +294,7 @@ def _step_summary(device: DeviceLoop, last: int = 50) -> list[dict[str, Any]]:
             "prefill_tokens": r.prefill_tokens,
             "decode_seqs": r.decode_seqs,
         }
-        for r in records
+        for r in records[-last:]
     ]
 
 
@@ -386,15 +392,9 @@ def build_services(cfg: config_mod.Config) -> Services:
         engine.placement for engine in (engine, stt, tts, embedder) if engine is not None
     ]
     check_placements(placements, cfg.server.require_devices)
-    # "auto" chooses by the device the LLM really got, not the one it was asked for.
-    profile_name = cfg.profile
-    if cfg.server.profile == "auto" and engine.placement.got == "cpu":
-        profile_name = "cpu-2core"
-    profile, device_type = load_profile(profile_name)
-    policy_config = cfg.serving_policy(device_type)
-    policy = make_policy(cfg.policy_name, policy_config, CostModel(profile))
-    device = DeviceLoop(policy, engines)
-    device.start()
+    workers = {Kind.LLM: cfg.llm.worker, Kind.STT: cfg.stt.worker, Kind.TTS: cfg.tts.worker,
+               Kind.EMBED: cfg.embed.worker}
+    device, policy_config = start_loops(cfg, engines, workers)
     telemetry = Telemetry(policy_config)
     name = cfg.llm.model if cfg.llm.model in models.PACKAGED else model_path.stem
     speech = SpeechService(device, stt, telemetry, cfg.stt.model) if stt is not None else None
@@ -419,6 +419,41 @@ def build_services(cfg: config_mod.Config) -> Services:
         if embedder is not None
         else None,
     )
+
+
+def start_loops(
+    cfg: config_mod.Config, engines: dict[Kind, Any], workers: dict[Kind, str | None]
+) -> tuple[Devices, PolicyConfig]:
+    """One device loop per worker, started: engines are grouped by the `worker` their
+    section names, or else by the device they really got (`cpu`, `cuda`). Each loop has its
+    own policy, with the cost profile of its device. Returns the loops and the LLM's policy
+    configuration (the one the telemetry's SLOs come from)."""
+    groups: dict[str, dict[Kind, Any]] = {}
+    for kind, engine in engines.items():
+        groups.setdefault(workers.get(kind) or engine.placement.got, {})[kind] = engine
+    loops = []
+    llm_policy: PolicyConfig | None = None
+    for name, group in groups.items():
+        on_gpu = any(engine.placement.got == "cuda" for engine in group.values())
+        # "auto" chooses by the device the loop's engines really got, not the one asked for.
+        profile_name = cfg.profile
+        if cfg.server.profile == "auto" and not on_gpu:
+            profile_name = "cpu-2core"
+        profile, device_type = load_profile(profile_name)
+        policy_config = cfg.serving_policy(device_type)
+        if Kind.LLM in group:
+            llm_policy = policy_config
+        policy = make_policy(cfg.policy_name, policy_config, CostModel(profile))
+        loops.append(DeviceLoop(policy, group, name=name))
+    assert llm_policy is not None, "the LLM always runs"
+    devices = Devices(loops)
+    devices.start()
+    if len(loops) > 1:
+        _LOGGER.info(
+            "device loops: %s",
+            "; ".join(f"{loop.name}: {', '.join(k.value for k in loop.engines)}" for loop in loops),
+        )
+    return devices, llm_policy
 
 
 class DeviceMissing(ValueError):

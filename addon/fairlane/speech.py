@@ -6,7 +6,7 @@ import asyncio
 import uuid
 from typing import Any
 
-from fairlane.device import DeviceLoop
+from fairlane.device import Devices
 from fairlane.engines.stt import TranscriptEvent, Utterance, WhisperEngine
 from fairlane.policy import Admission, Kind, Priority, Request
 from fairlane.telemetry import Telemetry
@@ -29,7 +29,7 @@ class Cancelled(Exception):
 
 
 async def transcribe(
-    device: DeviceLoop,
+    device: Devices,
     engine: WhisperEngine,
     telemetry: Telemetry,
     utterance: Utterance,

@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterab
 from dataclasses import dataclass
 from typing import Any
 
-from fairlane.device import DeviceLoop
+from fairlane.device import Devices
 from fairlane.engines.tts import (
     MAX_INPUT_CHARS,
     AudioEvent,
@@ -36,7 +36,7 @@ _BOUNDARY = re.compile(r"[.!?;:][\"')\]]*\s|\n")
 
 @dataclass(frozen=True)
 class VoiceService:
-    device: DeviceLoop
+    device: Devices
     engine: PiperVoice
     telemetry: Telemetry
 

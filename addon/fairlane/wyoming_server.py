@@ -57,7 +57,7 @@ from wyoming.tts import (
 )
 
 from fairlane import __version__
-from fairlane.device import DeviceLoop
+from fairlane.device import Devices
 from fairlane.engines.stt import (
     MAX_DECODE_S,
     SAMPLE_RATE,
@@ -77,7 +77,7 @@ _LOGGER = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SpeechService:
-    device: DeviceLoop
+    device: Devices
     engine: WhisperEngine
     telemetry: Telemetry
     model_name: str

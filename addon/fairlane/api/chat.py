@@ -258,7 +258,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             400, f"this model cannot chat: {svc.template_error}", code="no_chat_template"
         )
     priority = request_class(request, body, Priority.CHAT)
-    refuse_early(svc, priority)
+    refuse_early(svc, priority, Kind.LLM)
     if any(isinstance(m.get("content"), list) for m in body["messages"]):
         # Parts may hold files to read (PDFs take a while): off the event loop.
         body["messages"] = await asyncio.to_thread(read_parts, body["messages"], svc.model_name)
@@ -348,7 +348,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 def capacity(svc: Services, priority: Priority) -> int:
     """Prompt + reply tokens one request of this class may hold: the policy's number (the
     context less the prefix cache, in whole blocks; background also leaves the watermark)."""
-    return min(svc.engine.capacity, svc.device.policy.capacity_tokens(priority))
+    return min(svc.engine.capacity, svc.device.policy_for(Kind.LLM).capacity_tokens(priority))
 
 
 async def _next_event(turn: _Turn) -> TokenEvent:

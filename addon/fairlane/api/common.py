@@ -19,14 +19,14 @@ from wyoming.server import AsyncTcpServer
 from fairlane import config as config_mod
 from fairlane.chat import ChatTemplate
 from fairlane.components import Component
-from fairlane.device import DeviceLoop
+from fairlane.device import Devices
 from fairlane.documents import DocumentStore
 from fairlane.engines.embed import EmbeddingEngine
 from fairlane.engines.llm import (
     LlamaEngine,
 )
 from fairlane.placement import Placement
-from fairlane.policy import Admission, Priority
+from fairlane.policy import Admission, Kind, Priority
 from fairlane.synthesis import VoiceService
 from fairlane.telemetry import Telemetry
 from fairlane.wyoming_server import SpeechService, WyomingServices
@@ -185,10 +185,10 @@ def refused(admission: Admission) -> ApiError:
     return ApiError(400, f"request refused: {admission.reason}", code="does_not_fit")
 
 
-def refuse_early(svc: Services, priority: Priority) -> None:
+def refuse_early(svc: Services, priority: Priority, kind: Kind) -> None:
     """Rule 9, before any work on the request: a class whose queue is full is refused at once
     (an overloaded server answers 429s fast instead of rendering and tokenizing each one)."""
-    admission = svc.device.quick_refusal(priority)
+    admission = svc.device.quick_refusal(priority, kind)
     if admission is not None:
         svc.telemetry.refuse(priority)
         raise refused(admission)
@@ -211,7 +211,7 @@ def deadline_passed(reason: str) -> ApiError:
 @dataclass
 class Services:
     config: config_mod.Config
-    device: DeviceLoop
+    device: Devices
     engine: LlamaEngine
     template: ChatTemplate | None
     template_error: str | None

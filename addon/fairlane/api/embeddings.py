@@ -74,7 +74,7 @@ async def embeddings(request: web.Request) -> web.Response:
     priority = request_class(request, body, Priority.BACKGROUND)
     # Each text waits as one request of its class: more texts than the class's queue holds
     # could never be admitted, so that is a 400 that says why, not a 429 to retry forever.
-    limit = svc.device.policy.queue_limit(priority)
+    limit = svc.device.policy_for(Kind.EMBED).queue_limit(priority)
     if len(texts) > limit:
         raise ApiError(
             400,
@@ -83,7 +83,7 @@ async def embeddings(request: web.Request) -> web.Response:
             param="input",
             code="does_not_fit",
         )
-    refuse_early(svc, priority)
+    refuse_early(svc, priority, Kind.EMBED)
     client = body.get("user") or "anonymous"
     token_ids = await asyncio.to_thread(svc.embedder.tokenize, texts)
     deadline_s = request_deadline(request, body)

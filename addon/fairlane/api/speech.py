@@ -17,7 +17,7 @@ from fairlane.api.common import (
     services_of,
 )
 from fairlane.engines.stt import AudioError, Utterance, decode_audio
-from fairlane.policy import Priority
+from fairlane.policy import Kind, Priority
 from fairlane.speech import Cancelled, Expired, Refused, transcribe
 
 # --- speech-to-text ----------------------------------------------------------------------------
@@ -49,7 +49,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
             param="response_format",
         )
     priority = request_class(request, fields, Priority.VOICE)
-    refuse_early(svc, priority)
+    refuse_early(svc, priority, Kind.STT)
     raw_rate = None
     if content_type in RAW_PCM_TYPES or filename.endswith((".pcm", ".raw")):
         try:
