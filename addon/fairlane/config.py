@@ -203,8 +203,57 @@ WYOMING_SCHEMA = vol.Schema(
     extra=vol.PREVENT_EXTRA,
 )
 
+def _remote_url(value: Any) -> str:
+    url = str(value).rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise vol.Invalid("must be an http:// or https:// URL (the engine's /v1 base)")
+    return url
+
+
+# A lane on another machine (rule 10): chat completions and summaries of these classes go to
+# a remote OpenAI-compatible engine (vLLM, SGLang, llama-server, another Fairlane). Admission,
+# class order, fairness and queue limits are still this server's.
+REMOTE_SCHEMA = vol.Schema(
+    {
+        vol.Required("name"): vol.All(str, vol.Length(min=1)),
+        vol.Required("url"): _remote_url,
+        vol.Optional("token", default=None): vol.Any(None, str),
+        # The `model` sent to the remote; None: the client's, as it asked.
+        vol.Optional("model", default=None): vol.Any(None, str),
+        vol.Optional("classes", default=["background"]): vol.All(
+            [vol.In(CLASS_NAMES)], vol.Length(min=1)
+        ),
+        # Requests the remote holds at once at most; the window shrinks below it while the
+        # remote's time to first token is over `window_ttft_ms` (it is queueing, not serving).
+        vol.Optional("max_in_flight", default=4): _count(1),
+        vol.Optional("window_ttft_ms", default=5000): _positive(1),
+        # Longest silence from the remote (before its first token, between chunks) before the
+        # request fails; connecting has at most 10 s.
+        vol.Optional("timeout_s", default=60): _positive(0.1),
+        # The circuit breaker: this many failures in a row stop sending for `open_s`, then one
+        # request probes the remote again.
+        vol.Optional("failures_to_open", default=3): _count(1),
+        vol.Optional("open_s", default=30): _positive(0.1),
+    },
+    extra=vol.PREVENT_EXTRA,
+)
+
+
+def _one_remote_per_class(remotes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: dict[str, str] = {}
+    for remote in remotes:
+        for label in remote["classes"]:
+            if label in seen:
+                raise vol.Invalid(
+                    f"class {label!r} is bound to both {seen[label]!r} and {remote['name']!r}"
+                )
+            seen[label] = remote["name"]
+    return remotes
+
+
 CONFIG_SCHEMA = vol.Schema(
     {
+        vol.Optional("remotes", default=[]): vol.All([REMOTE_SCHEMA], _one_remote_per_class),
         vol.Optional("server", default={}): SERVER_SCHEMA,
         vol.Optional("policy", default={}): POLICY_SCHEMA,
         vol.Optional("llm", default={}): LLM_SCHEMA,
@@ -310,6 +359,20 @@ class WyomingConfig:
 
 
 @dataclass(frozen=True)
+class RemoteConfig:
+    name: str
+    url: str
+    token: str | None = None
+    model: str | None = None
+    classes: tuple[str, ...] = ("background",)
+    max_in_flight: int = 4
+    window_ttft_ms: float = 5000
+    timeout_s: float = 60
+    failures_to_open: int = 3
+    open_s: float = 30
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -319,6 +382,7 @@ class Config:
     tts: TtsConfig = field(default_factory=TtsConfig)
     wyoming: WyomingConfig = field(default_factory=WyomingConfig)
     embed: EmbedConfig = field(default_factory=EmbedConfig)
+    remotes: tuple[RemoteConfig, ...] = ()
 
     @property
     def profile(self) -> str:
@@ -396,6 +460,9 @@ def parse(data: dict[str, Any] | None) -> Config:
         tts=TtsConfig(**valid["tts"]),
         wyoming=WyomingConfig(**valid["wyoming"]),
         embed=EmbedConfig(**valid["embed"]),
+        remotes=tuple(
+            RemoteConfig(**{**r, "classes": tuple(r["classes"])}) for r in valid["remotes"]
+        ),
     )
 
 

@@ -68,6 +68,7 @@ from fairlane.openapi import OPENAPI
 from fairlane.placement import Placement
 from fairlane.policy import CostModel, Kind, PolicyConfig, Priority, make_policy
 from fairlane.profiles import load as load_profile
+from fairlane.remote import RemoteLane
 from fairlane.synthesis import VoiceService
 from fairlane.telemetry import Telemetry
 from fairlane.wyoming_server import SpeechService
@@ -180,7 +181,13 @@ def create_app(services: Services) -> web.Application:
     app.on_startup.append(start_workers)
     app.on_cleanup.append(_stop_wyoming)
     app.on_cleanup.append(stop_workers)
+    app.on_cleanup.append(_close_remotes)
     return app
+
+
+async def _close_remotes(app: web.Application) -> None:
+    for lane in app[SERVICES].remotes:
+        await lane.close()
 
 
 async def health(request: web.Request) -> web.Response:
@@ -189,17 +196,22 @@ async def health(request: web.Request) -> web.Response:
     svc = services_of(request)
     devices = {p.engine: p.as_dict() for p in svc.placements}
     components = {name: c.as_dict() for name, c in svc.components.items()}
-    healthy = all(p.ok for p in svc.placements) and all(
-        c.state != "retrying" for c in svc.components.values()
+    remotes = {lane.name: lane.health() for lane in svc.remotes}
+    healthy = (
+        all(p.ok for p in svc.placements)
+        and all(c.state != "retrying" for c in svc.components.values())
+        and all(r["state"] == "closed" for r in remotes.values())
     )
     return web.json_response(
         {
-            # "degraded": an engine runs on another device than the one asked for, or a part
-            # (the indexer, the summariser) failed and is being retried; the server still
+            # "degraded": an engine runs on another device than the one asked for, a part
+            # (the indexer, the summariser) failed and is being retried, or a remote lane's
+            # breaker is open (`remotes`); the server still
             # answers, so this is a 200 (a watchdog's restart would not help).
             "status": "ok" if healthy else "degraded",
             "devices": devices,
             "components": components,
+            "remotes": remotes,
             "version": __version__,
             "instance_id": svc.instance_id,
             "policy": svc.policy_name,
@@ -242,6 +254,8 @@ async def stats(request: web.Request) -> web.Response:
     body["device"] = devices[svc.device.loop_for(Kind.LLM).name]
     body["devices"] = devices
     body["steps"] = _step_summary(svc.device.records)
+    if svc.remotes:
+        body["remotes"] = {lane.name: lane.stats() for lane in svc.remotes}
     if svc.documents is not None:
         documents = await asyncio.to_thread(svc.documents.documents)
         body["background"] = {"indexing": progress(documents, svc.started_at)}
@@ -397,6 +411,7 @@ def build_services(cfg: config_mod.Config) -> Services:
     device, policy_config = start_loops(cfg, engines, workers)
     telemetry = Telemetry(policy_config)
     name = cfg.llm.model if cfg.llm.model in models.PACKAGED else model_path.stem
+    remotes = [RemoteLane(remote, policy_config) for remote in cfg.remotes]
     speech = SpeechService(device, stt, telemetry, cfg.stt.model) if stt is not None else None
     voice = VoiceService(device, tts, telemetry) if tts is not None else None
     return Services(
@@ -415,6 +430,7 @@ def build_services(cfg: config_mod.Config) -> Services:
         instance_id=identity,
         data_lock=data_lock,
         placements=placements,
+        remotes=remotes,
         documents=DocumentStore(data_dir / "fairlane.sqlite")
         if embedder is not None
         else None,

@@ -31,6 +31,7 @@ from fairlane.api.common import (
     services_of,
     validate,
 )
+from fairlane.api.remote import lane_for, remote_chat, remote_generate
 from fairlane.chat import ChatTemplateError, may_be_tool_call, parse_tool_calls
 from fairlane.documents import DocumentError, extract_text
 from fairlane.engines.llm import (
@@ -258,6 +259,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             400, f"this model cannot chat: {svc.template_error}", code="no_chat_template"
         )
     priority = request_class(request, body, Priority.CHAT)
+    client = body.get("user") or request.headers.get("X-Fairlane-Client") or "anonymous"
+    if (lane := lane_for(svc, priority)) is not None:
+        return await remote_chat(request, svc, lane, body, priority, client)
     refuse_early(svc, priority, Kind.LLM)
     if any(isinstance(m.get("content"), list) for m in body["messages"]):
         # Parts may hold files to read (PDFs take a while): off the event loop.
@@ -299,7 +303,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
     turn = _Turn(f"chatcmpl-{uuid.uuid4().hex}", asyncio.Queue(), len(prompt))
     loop = asyncio.get_running_loop()
-    client = body.get("user") or request.headers.get("X-Fairlane-Client") or "anonymous"
     policy_request = Request(
         turn.id,
         Kind.LLM,
@@ -473,7 +476,10 @@ async def _stream(
 async def generate(
     svc: Services, messages: list[dict[str, Any]], max_tokens: int, priority: Priority, client: str
 ) -> str:
-    """One LLM turn through the device loop, collected (summaries, and other server jobs)."""
+    """One LLM turn through the device loop (or the class's remote lane), collected
+    (summaries, and other server jobs)."""
+    if (lane := lane_for(svc, priority)) is not None:
+        return await remote_generate(svc, lane, messages, max_tokens, priority, client)
     assert svc.template is not None
     prompt = await asyncio.to_thread(svc.engine.tokenize, svc.template.render(messages))
     limit = capacity(svc, priority)

@@ -27,6 +27,7 @@ from fairlane.engines.llm import (
 )
 from fairlane.placement import Placement
 from fairlane.policy import Admission, Kind, Priority
+from fairlane.remote import RemoteLane
 from fairlane.synthesis import VoiceService
 from fairlane.telemetry import Telemetry
 from fairlane.wyoming_server import SpeechService, WyomingServices
@@ -233,6 +234,8 @@ class Services:
     data_lock: Any = None  # the data directory's lock file, held while the server runs
     # The long-running parts (indexer, summariser) and their health, for /health.
     components: dict[str, Component] = field(default_factory=dict)
+    # Lanes on other machines (`remotes:`), each serving some classes' LLM work.
+    remotes: list[RemoteLane] = field(default_factory=list)
 
 
 SERVICES = web.AppKey("services", Services)

@@ -1,0 +1,216 @@
+"""Chat completions and summaries on a remote lane (`remotes:` in the configuration).
+
+The client's request is passed on as it came (less Fairlane's own fields), so the remote
+renders it with its own model's template and honours tools and structured output itself; its
+stream is passed back chunk by chunk under this server's completion id. Admission, class
+order, fairness and the window are the lane's (`fairlane.remote`); the latencies go into the
+same per-class figures as local work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from fairlane.api.common import ApiError, Services, refused
+from fairlane.policy import Kind, Priority, Request
+from fairlane.remote import RemoteError, RemoteLane, RemoteRefused
+
+# Fields that are this server's, not the remote's (the lane sends the class in the
+# X-Fairlane-Class header, which another Fairlane reads and other engines ignore).
+OWN_FIELDS = ("fairlane_class", "priority", "deadline_ms", "stream", "stream_options")
+
+
+def lane_for(svc: Services, priority: Priority) -> RemoteLane | None:
+    return next((lane for lane in svc.remotes if lane.serves(priority)), None)
+
+
+def _api_error(err: RemoteError) -> ApiError:
+    headers = {} if err.retry_after_s is None else {
+        "Retry-After": str(math.ceil(err.retry_after_s))
+    }
+    kind = "invalid_request_error" if err.status < 500 and err.status != 429 else "server_error"
+    return ApiError(err.status, err.message, kind=kind, code=err.code, headers=headers)
+
+
+def _prompt_tokens(svc: Services, messages: list[dict[str, Any]]) -> int:
+    """The prompt's size in this server's tokens: the weight fairness charges up front (the
+    remote's own tokenizer may count a little differently)."""
+    text = "\n".join(
+        m["content"] if isinstance(m.get("content"), str) else json.dumps(m.get("content"))
+        for m in messages
+    )
+    return len(svc.engine.tokenize(text))
+
+
+async def remote_chat(
+    request: web.Request,
+    svc: Services,
+    lane: RemoteLane,
+    body: dict[str, Any],
+    priority: Priority,
+    client: str,
+) -> web.StreamResponse:
+    """`/v1/chat/completions` for a class bound to a remote lane."""
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    forward = {k: v for k, v in body.items() if k not in OWN_FIELDS}
+    if lane.config.model is not None:
+        forward["model"] = lane.config.model
+    prompt_tokens = await asyncio.to_thread(_prompt_tokens, svc, body["messages"])
+    item = Request(completion_id, Kind.LLM, priority, client, 0.0, prompt_tokens=prompt_tokens)
+    try:
+        async with lane.slot(item):
+            record = svc.telemetry.begin(Kind.LLM, priority, client, prompt_tokens, item.arrival)
+            chunks = _counted(svc, lane, item, record, lane.chat(
+                {**forward, "stream_options": {"include_usage": True}}, item))
+            try:
+                # The first chunk before the response starts: a remote that fails now is an
+                # HTTP error for the client, not a stream that breaks off.
+                first = await anext(chunks, None)
+                if body["stream"]:
+                    response, failed = await _relay(request, completion_id, first, chunks, body)
+                    if failed:
+                        svc.telemetry.finish(record, svc.device.clock(), outcome="failed")
+                    return response
+                return web.json_response(await _assemble(completion_id, first, chunks))
+            except RemoteError:
+                svc.telemetry.finish(record, svc.device.clock(), outcome="failed")
+                raise
+            finally:
+                await chunks.aclose()
+                if record.finished_at is None:  # the client went away
+                    svc.telemetry.finish(record, svc.device.clock(), outcome="cancelled")
+    except RemoteRefused as err:
+        svc.telemetry.refuse(priority)
+        raise refused(err.admission) from None
+    except RemoteError as err:
+        raise _api_error(err) from None
+
+
+async def _counted(svc: Services, lane: RemoteLane, item: Request, record: Any,
+                   chunks: Any) -> Any:
+    """The remote's chunks, with each piece of output counted for the latency figures and
+    charged to the client's fairness counter; the record is finished at the end."""
+    try:
+        async for chunk in chunks:
+            if any((c.get("delta") or {}).get("content") or
+                   (c.get("delta") or {}).get("tool_calls") for c in chunk.get("choices") or []):
+                svc.telemetry.token(record, svc.device.clock())
+                lane.charge_output(item, 1)
+            yield chunk
+        svc.telemetry.finish(record, svc.device.clock())
+    finally:
+        await chunks.aclose()  # a client that left: the remote's connection closes now
+
+
+async def _relay(request: web.Request, completion_id: str, first: dict[str, Any] | None,
+                 chunks: Any, body: dict[str, Any]) -> tuple[web.StreamResponse, bool]:
+    """Pass the remote's stream on; True with the response when the remote failed mid-way."""
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+
+    async def send(chunk: dict[str, Any]) -> None:
+        if not chunk.get("choices") and not include_usage:
+            return  # the usage chunk this server asked for, not the client
+        await response.write(
+            f"data: {json.dumps({**chunk, 'id': completion_id}, ensure_ascii=False)}\n\n".encode()
+        )
+
+    with contextlib.suppress(ConnectionResetError):
+        try:
+            if first is not None:
+                await send(first)
+            async for chunk in chunks:
+                await send(chunk)
+        except RemoteError as err:
+            # Mid-stream: the response has started, so the error is the stream's last event.
+            error = {"message": err.message, "type": "server_error", "code": err.code}
+            await response.write(f"data: {json.dumps({'error': error})}\n\n".encode())
+            await response.write_eof()
+            return response, True
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    return response, False
+
+
+async def _assemble(completion_id: str, first: dict[str, Any] | None,
+                    chunks: Any) -> dict[str, Any]:
+    """A non-streamed completion from the remote's stream (the stream is what the lane
+    measures and times out)."""
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish: str | None = None
+    usage: dict[str, Any] | None = None
+    model = ""
+
+    async def each() -> Any:
+        if first is not None:
+            yield first
+        async for chunk in chunks:
+            yield chunk
+
+    async for chunk in each():
+        model = chunk.get("model") or model
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            content.append(delta.get("content") or "")
+            for call in delta.get("tool_calls") or []:
+                into = calls.setdefault(call.get("index", len(calls)), {
+                    "id": call.get("id"), "type": "function",
+                    "function": {"name": "", "arguments": ""}})
+                into["id"] = call.get("id") or into["id"]
+                function = call.get("function") or {}
+                into["function"]["name"] += function.get("name") or ""
+                into["function"]["arguments"] += function.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    if calls:
+        message = {"role": "assistant", "content": message["content"] or None,
+                   "tool_calls": [calls[i] for i in sorted(calls)]}
+    reply: dict[str, Any] = {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish or "stop"}],
+    }
+    if usage is not None:
+        reply["usage"] = usage
+    return reply
+
+
+async def remote_generate(
+    svc: Services, lane: RemoteLane, messages: list[dict[str, Any]], max_tokens: int,
+    priority: Priority, client: str,
+) -> str:
+    """One LLM turn on the lane, collected (summaries). A remote that fails raises
+    RemoteError: the job stays pending and its worker retries with back-off."""
+    body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens,
+                            "temperature": 0.2, "seed": 0}
+    body["model"] = lane.config.model or svc.model_name
+    prompt_tokens = await asyncio.to_thread(_prompt_tokens, svc, messages)
+    item = Request(f"gen-{uuid.uuid4().hex}", Kind.LLM, priority, client, 0.0,
+                   prompt_tokens=prompt_tokens)
+    try:
+        async with lane.slot(item):
+            record = svc.telemetry.begin(Kind.LLM, priority, client, prompt_tokens, item.arrival)
+            try:
+                reply = await _assemble(item.id, None, _counted(
+                    svc, lane, item, record, lane.chat(body, item)))
+            finally:
+                if record.finished_at is None:
+                    svc.telemetry.finish(record, svc.device.clock(), outcome="cancelled")
+    except RemoteRefused as err:
+        raise RemoteError(429, f"refused: {err.admission.reason}", "refused") from err
+    return str(reply["choices"][0]["message"]["content"] or "").strip()
