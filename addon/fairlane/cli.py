@@ -16,7 +16,8 @@ from fairlane.policy import POLICIES
 
 def _simulate(args: argparse.Namespace) -> int:
     from fairlane import config as config_mod
-    from fairlane.sim import default_workload, scenario, simulate
+    from fairlane.policy import Priority
+    from fairlane.sim import default_workload, merged, scenario, simulate, simulate_with_remote
     from fairlane.sim.report import format_table, plot, summarize
 
     cfg = config_mod.load(args.config)
@@ -28,8 +29,24 @@ def _simulate(args: argparse.Namespace) -> int:
     results = [
         simulate(scn, name, noise=args.noise, seed=args.seed, truth=args.truth) for name in policies
     ]
+    if args.remote:
+        # Beside each policy on one device: the same policy with the remote classes' LLM
+        # work on a second device (rule 10's remote lane).
+        classes = frozenset(Priority.parse(c) for c in args.remote_classes.split(","))
+        results = [
+            result
+            for name, alone in zip(policies, results, strict=True)
+            for result in (alone, merged(*simulate_with_remote(
+                scn, name, args.remote, classes, noise=args.noise, seed=args.seed
+            ), f"{name}+remote"))
+        ]
     reports = [summarize(r, scn.workload.slo, scn.workload.duration_s) for r in results]
     device = f"; the device runs at {args.truth}'s costs" if args.truth else ""
+    if args.remote:
+        device += (
+            f"; +remote: {args.remote_classes} LLM work on a second device ({args.remote}), "
+            "device figures are the local device's"
+        )
     print(
         f"workload {scn.workload.name} ({len(scn.workload.jobs)} jobs over "
         f"{scn.workload.duration_s:.0f} s) on profile {args.profile}{device}; "
@@ -265,6 +282,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--truth",
         help="profile the simulated device really runs at (default: the one the policy plans "
         "with); the policy learns the difference online",
+    )
+    sim.add_argument(
+        "--remote",
+        metavar="PROFILE",
+        help="also run each policy with a remote lane: the --remote-classes' LLM work on a "
+        "second device with this profile's costs",
+    )
+    sim.add_argument(
+        "--remote-classes", default="background", help="classes the remote lane takes"
     )
     sim.add_argument("--json", help="write the report here")
     sim.add_argument("--plot", help="write a PNG of TTFT CDFs and device occupancy here")

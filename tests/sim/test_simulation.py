@@ -147,3 +147,32 @@ def test_a_spoken_reply_is_synthesised_sentence_by_sentence_and_timed_from_speec
         assert first_audio > speech_end
     report = summarize(result, scn.workload.slo)
     assert report["spoken"]["within_2s"] == 1.0  # the goal: first audio within 2 s on a GPU
+
+
+def test_a_remote_lane_takes_the_background_llm_work_and_nothing_else() -> None:
+    from fairlane.policy import Kind, Priority
+    from fairlane.sim import simulate_with_remote, split
+
+    scn = scenario(default_workload(), "cpu-2core", duration_s=120)
+    local_work, remote_work = split(scn.workload, frozenset({Priority.BACKGROUND}))
+    total = len(scn.workload.jobs) + sum(len(u) for loop in scn.workload.loops for u in loop.units)
+    parts = [len(w.jobs) + sum(len(u) for loop in w.loops for u in loop.units)
+             for w in (local_work, remote_work)]
+    assert sum(parts) == total and parts[1] > 0
+    local, remote = simulate_with_remote(scn, "fairlane", "rtx4090")
+    assert {(r.kind, r.priority) for r in remote.records} == {(Kind.LLM, Priority.BACKGROUND)}
+    assert not any(r.kind is Kind.LLM and r.priority is Priority.BACKGROUND
+                   for r in local.records)
+    # Every step the local device ran was for its own work; the remote drained its share.
+    assert all(Priority.BACKGROUND not in s.seconds or s.kind is Kind.EMBED for s in local.steps)
+    assert remote.drained
+    # A voice turn's chain (speech, reply, synthesis) cannot be split across the lanes.
+    with pytest.raises(ValueError, match="chain"):
+        split(scn.workload, frozenset({Priority.VOICE}))
+
+
+def test_simulate_with_a_remote_prints_both_rows(capsys) -> None:
+    assert main(["simulate", "--policy", "fairlane", "--profile", "cpu-2core", "--remote",
+                 "rtx4090", "--duration", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "fairlane+remote background/llm" in out and "fairlane        background/llm" in out

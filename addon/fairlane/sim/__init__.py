@@ -7,10 +7,10 @@ from importlib import resources
 from pathlib import Path
 
 from fairlane.config import Config
-from fairlane.policy import CostModel, PolicyConfig, make_policy
+from fairlane.policy import CostModel, Kind, PolicyConfig, Priority, make_policy
 from fairlane.profiles import load as load_profile
 from fairlane.sim.simulator import SimResult, Simulator
-from fairlane.sim.workload import Workload
+from fairlane.sim.workload import Job, Loop, Workload
 from fairlane.sim.workload import load as load_workload
 
 
@@ -67,4 +67,77 @@ def simulate(
     return Simulator(engine, CostModel(device), scn.workload, noise=noise, seed=seed).run()
 
 
-__all__ = ["Scenario", "SimResult", "Simulator", "default_workload", "scenario", "simulate"]
+def split(workload: Workload, remote: frozenset[Priority]) -> tuple[Workload, Workload]:
+    """The work a remote lane takes (LLM jobs of the `remote` classes, as `remotes:` binds
+    them) and the rest, as two workloads. A chain of jobs (a voice turn's speech, reply and
+    synthesis; a summary's pieces and their reduction) must stay on one side."""
+
+    def is_remote(job: Job) -> bool:
+        side = job.kind is Kind.LLM and job.priority in remote
+        chain = job.then
+        while chain is not None:
+            if (chain.kind is Kind.LLM and chain.priority in remote) != side:
+                raise ValueError(f"a {job.group} chain would cross to the remote and back")
+            chain = chain.then
+        return side
+
+    def loop_side(loop: Loop) -> bool:
+        sides = {is_remote(job) for unit in loop.units for job in unit}
+        if len(sides) > 1:
+            raise ValueError(f"the {loop.name} loop has work on both sides")
+        return sides == {True}
+
+    parts = []
+    for side in (False, True):
+        parts.append(replace(
+            workload,
+            jobs=tuple(j for j in workload.jobs if is_remote(j) == side),
+            loops=tuple(loop for loop in workload.loops if loop_side(loop) == side),
+        ))
+    return parts[0], parts[1]
+
+
+def simulate_with_remote(
+    scn: Scenario,
+    policy: str,
+    remote_profile: str,
+    remote_classes: frozenset[Priority] = frozenset({Priority.BACKGROUND}),
+    noise: float = 0.05,
+    seed: int = 0,
+) -> tuple[SimResult, SimResult]:
+    """Rule 10 as a what-if: the remote classes' LLM work on a second device (a remote engine
+    with `remote_profile`'s costs, scheduled by its own copy of the policy), the rest on the
+    scenario's device. Returns the two devices' results: the local one's records are what
+    the household feels, the remote's are the background work it took."""
+    local_work, remote_work = split(scn.workload, remote_classes)
+    local = simulate(replace(scn, workload=local_work), policy, noise=noise, seed=seed)
+    profile, _ = load_profile(remote_profile)
+    engine = make_policy(policy, scn.config, CostModel(profile))
+    far = Simulator(engine, CostModel(profile), remote_work, noise=noise, seed=seed + 1).run()
+    return local, far
+
+
+def merged(local: SimResult, remote: SimResult, name: str) -> SimResult:
+    """One report over both devices: every request, and the local device's steps (the device
+    the household's interactive work shares)."""
+    return SimResult(
+        name,
+        sorted([*local.records, *remote.records], key=lambda r: r.arrival),
+        local.steps,
+        max(local.end_time, remote.end_time),
+        local.drained and remote.drained,
+        local.first_audio,
+    )
+
+
+__all__ = [
+    "Scenario",
+    "SimResult",
+    "Simulator",
+    "default_workload",
+    "merged",
+    "scenario",
+    "simulate",
+    "simulate_with_remote",
+    "split",
+]

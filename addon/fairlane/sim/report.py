@@ -155,7 +155,7 @@ def format_table(reports: list[dict[str, Any]]) -> str:
     """Side-by-side text table of several policies' reports on the same workload."""
     lines = []
     header = (
-        f"{'policy':<9}{'row':<17}{'n':>5}{'TTFT p50':>10}{'p95':>9}{'p99':>9}"
+        f"{'policy':<16}{'row':<17}{'n':>5}{'TTFT p50':>10}{'p95':>9}{'p99':>9}"
         f"{'ITL p50':>9}{'p95':>8}{'p99':>8}{'E2E p95':>10}{'SLO met':>9}{'tok/s':>9}"
     )
     lines.append(header)
@@ -169,7 +169,7 @@ def format_table(reports: list[dict[str, Any]]) -> str:
             out_rate = row["throughput"]["output_tokens_per_s"]
             met = row["slo_met"]
             lines.append(
-                f"{report['policy']:<9}{name:<17}{row['requests']:>5}"
+                f"{report['policy']:<16}{name:<17}{row['requests']:>5}"
                 f"{f(row['ttft_ms']['p50']):>10}{f(row['ttft_ms']['p95']):>9}"
                 f"{f(row['ttft_ms']['p99']):>9}"
                 f"{f(row['itl_ms']['p50']):>9}{f(row['itl_ms']['p95']):>8}"
