@@ -9,6 +9,8 @@ household member. Every prompt is unique (a nonce) unless the workload declares 
 Targets, each started fresh for every round and measured the same way:
 - `fairlane`: `fairlane serve`, the default policy;
 - `fcfs`: `fairlane serve --policy fcfs` (one FIFO, whole prompts);
+- `fairlane+remote`: two `fairlane serve` processes splitting the threads, the second one
+  the first's remote lane for background LLM work (rule 10);
 - `separate`: the stack households run today, as separate processes sharing the machine:
   llama.cpp's `llama-server --parallel N` for chat, `wyoming-faster-whisper` for speech (the
   same Whisper model), and an embedding server (a stand-in: sentence-transformers' ONNX int8
@@ -50,7 +52,7 @@ from fairlane.policy import Kind, Priority, Slo
 from fairlane.sim.workload import Job, Workload
 
 PHASES = ("interactive", "background", "mixed")
-TARGETS = ("fairlane", "fcfs", "separate")
+TARGETS = ("fairlane", "fcfs", "separate", "fairlane+remote")
 BASELINES = Path(".bench")
 _HOUSEHOLD = (
     "kitchen light lamp door window heating boiler garden evening morning family dinner "
@@ -170,6 +172,31 @@ class FairlaneTarget:
 
     def close(self) -> None:
         self.server.close()
+
+
+class RemoteLaneTarget(FairlaneTarget):
+    """`fairlane+remote`: rule 10 on one machine. Two `fairlane serve` processes share the
+    threads: the household's server (voice, chat, embeddings, on its half) binds `background`
+    to a remote lane, and the second server (the other half, LLM only) is that remote. On a
+    real second machine the remote adds its own device; here it only separates the lanes."""
+
+    def __init__(self, threads: int) -> None:
+        half = max(1, threads // 2)
+        off = {"enabled": False}
+        self.remote = fairlane_server(
+            "fairlane", half, 8, {"stt": off, "tts": off, "embed": off, "wyoming": off}
+        )
+        try:
+            lane = [{"name": "remote", "url": f"{self.remote.url}/v1"}]
+            super().__init__("fairlane", max(1, threads - half), {"remotes": lane})
+        except Exception:
+            self.remote.close()
+            raise
+        self.name = "fairlane+remote"
+
+    def close(self) -> None:
+        super().close()
+        self.remote.close()
 
 
 class SeparateStack:
@@ -296,6 +323,8 @@ async def _wyoming_transcribe(port: int, audio: bytes) -> str:
 def start_target(name: str, threads: int) -> Target:
     if name == "separate":
         return SeparateStack(threads)
+    if name == "fairlane+remote":
+        return RemoteLaneTarget(threads)
     return FairlaneTarget(name, threads)
 
 
@@ -525,7 +554,7 @@ def _f(value: float | None, spec: str = ".0f") -> str:
 
 def format_rows(reports: list[dict[str, Any]]) -> str:
     header = (
-        f"{'target':<10}{'phase':<12}{'rnd':>4}{'row':>11}{'n':>4}{'TTFT p50':>9}{'p95':>7}"
+        f"{'target':<16}{'phase':<12}{'rnd':>4}{'row':>17}{'n':>4}{'TTFT p50':>9}{'p95':>7}"
         f"{'p99':>7}{'ITL p50':>8}{'p95':>6}{'p99':>6}{'SLO':>6}"
     )
     lines = [header, "-" * len(header)]
@@ -533,19 +562,19 @@ def format_rows(reports: list[dict[str, Any]]) -> str:
         for name, row in report["classes"].items():
             ttft, itl = row["ttft_ms"], row["itl_ms"]
             lines.append(
-                f"{report['target']:<10}{report['phase']:<12}{report['round']:>4}{name:>11}"
+                f"{report['target']:<16}{report['phase']:<12}{report['round']:>4}{name:>17}"
                 f"{row['requests']:>4}{_f(ttft['p50']):>9}{_f(ttft['p95']):>7}{_f(ttft['p99']):>7}"
                 f"{_f(itl['p50']):>8}{_f(itl['p95']):>6}{_f(itl['p99']):>6}"
                 f"{row['slo_met']:>6.0%}"
             )
         if report["phase"] != "interactive":
             lines.append(
-                f"{report['target']:<10}{report['phase']:<12}{report['round']:>4}"
-                f"{'background':>11}: {report['background_llm_tokens_per_s']} LLM tokens/s, "
+                f"{report['target']:<16}{report['phase']:<12}{report['round']:>4}"
+                f"{'background':>17}: {report['background_llm_tokens_per_s']} LLM tokens/s, "
                 f"{report['embedded_tokens_per_s']} embedded tokens/s done"
             )
         if report["errors"]:
-            lines.append(f"{'':<26}errors: {report['errors']} {report['first_errors']}")
+            lines.append(f"{'':<32}errors: {report['errors']} {report['first_errors']}")
     return "\n".join(lines)
 
 
@@ -587,14 +616,14 @@ def ratios(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def format_ratios(rows: list[dict[str, Any]]) -> str:
     header = (
-        f"{'target':<10}{'rnd':>4}{'chat TTFT p95 loaded/alone':>28}"
+        f"{'target':<16}{'rnd':>4}{'chat TTFT p95 loaded/alone':>28}"
         f"{'voice turn p95 loaded/alone':>29}{'bg LLM mixed/alone':>20}"
         f"{'embed mixed/alone':>19}{'interactive SLO':>17}{'bg LLM tok/s':>14}{'embed tok/s':>13}"
     )
     lines = [header, "-" * len(header)]
     for row in rows:
         lines.append(
-            f"{row['target']:<10}{row['round']:>4}"
+            f"{row['target']:<16}{row['round']:>4}"
             f"{_f(row.get('chat_ttft_p95_ratio'), '.2f'):>28}"
             f"{_f(row.get('voice_first_token_p95_ratio'), '.2f'):>29}"
             f"{_f(row.get('background_llm_ratio'), '.2f'):>20}"

@@ -79,13 +79,16 @@ def fairlane_server(
 ) -> ServerProcess:
     """`fairlane serve` on the default model, configured by a temporary YAML file."""
     port = free_port()
-    cfg: dict[str, dict[str, Any]] = {
+    cfg: dict[str, Any] = {
         "server": {"port": port, "data_dir": tempfile.mkdtemp(prefix="fairlane-bench-")},
         "wyoming": {"port": 0},
         "llm": {"threads": threads, "n_seq_max": n_seq_max, "n_ctx": 8192},
     }
     for section, values in (extra or {}).items():
-        cfg.setdefault(section, {}).update(values)
+        if isinstance(values, dict):
+            cfg.setdefault(section, {}).update(values)
+        else:  # a list section (`remotes`)
+            cfg[section] = values
     path = Path(tempfile.mkdtemp()) / "fairlane.yaml"
     path.write_text(yaml.safe_dump(cfg))
     argv = [sys.executable, "-m", "fairlane", "serve", "--config", str(path), "--policy", policy]
