@@ -34,6 +34,9 @@ def _errors(*codes: int) -> dict[str, Any]:
         413: "Body too large",
         415: "A document type the server cannot read",
         429: "Refused by admission control (queue full, deadline); see Retry-After",
+        502: "A remote lane's engine failed (remote_failed)",
+        503: "A remote lane's circuit breaker is open (remote_unavailable); see Retry-After",
+        504: "A remote lane's engine sent nothing within its timeout (remote_timeout)",
         507: "The server's disk is full; nothing was stored",
     }
     return {
@@ -219,8 +222,9 @@ OPENAPI: dict[str, Any] = {
         "/health": {
             "get": {
                 "summary": "Liveness (no auth), answered from memory: status (degraded when an "
-                "engine did not get the device asked for or a component is retrying), devices, "
-                "components (indexer, summariser: state, error, failures), version, "
+                "engine did not get the device asked for, a component is retrying or a remote "
+                "lane's breaker is not closed), devices, components (indexer, summariser: "
+                "state, error, failures), remotes (state, failures, error), version, "
                 "instance_id (stable per data directory), models, Wyoming port",
                 "security": [],
                 "responses": {"200": {"description": "Server is up"}},
@@ -261,7 +265,7 @@ OPENAPI: dict[str, Any] = {
                         "description": "chat.completion, or text/event-stream of "
                         "chat.completion.chunk ending in [DONE]"
                     },
-                    **_errors(400, 401, 413, 429),
+                    **_errors(400, 401, 413, 429, 502, 503, 504),
                 },
             }
         },
@@ -468,7 +472,8 @@ OPENAPI: dict[str, Any] = {
         },
         "/v1/stats": {
             "get": {
-                "summary": "Per-class TTFT/ITL/E2E percentiles, queues, KV, device use, steps",
+                "summary": "Per-class TTFT/ITL/E2E percentiles, queues, KV, device use (the "
+                "LLM's loop, and every loop in `devices`), steps, remote lanes",
                 "responses": {"200": {"description": "Stats"}, **_errors(401)},
             }
         },

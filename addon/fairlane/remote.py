@@ -125,6 +125,7 @@ class RemoteLane:
     served: int = 0
     failed: int = 0
     _session: aiohttp.ClientSession | None = None
+    _probe: str | None = None  # the request sent to test a half-open breaker
 
     def __post_init__(self) -> None:
         self.queues = {p: FairQueue() for p in Priority}
@@ -164,7 +165,7 @@ class RemoteLane:
         except BaseException as err:
             self._forget(request)
             if turn.done() and not turn.cancelled() and turn.exception() is None:
-                self._done()  # it got its turn as the wait ended: give the place back
+                self._done(request)  # it got its turn as the wait ended: give it back
             if isinstance(err, TimeoutError):
                 raise RemoteRefused(Admission(
                     False, f"not started within the {request.priority.label} class's "
@@ -173,14 +174,17 @@ class RemoteLane:
         try:
             yield
         finally:
-            self._done()
+            self._done(request)
 
     def _forget(self, request: Request) -> None:
         self.waiters.pop(request.id, None)
         self.queues[request.priority].remove(request)
 
-    def _done(self) -> None:
+    def _done(self, request: Request) -> None:
         self.in_flight -= 1
+        if self._probe == request.id:  # a probe that neither failed nor succeeded (its client
+            self._probe = None  # went away): the next request probes instead
+            self.breaker.probing = False
         self._pump()
 
     def _pump(self) -> None:
@@ -198,7 +202,7 @@ class RemoteLane:
             waiter = self.waiters.pop(request.id)
             self.in_flight += 1
             if state == "half-open":
-                self.breaker.probing = True
+                self.breaker.probing, self._probe = True, request.id
             waiter.turn.set_result(None)
 
     def _limit(self, state: str) -> int:
