@@ -493,6 +493,10 @@ def token_from_file(path: str | Path) -> str:
     return token
 
 
+# Sections that are lists, set whole: `--set 'remotes=[{name: a, url: "http://…/v1"}]'`.
+LIST_SECTIONS = ("remotes",)
+
+
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """`section.key=value` settings (the add-on's options, `--set`) on top of a config mapping.
 
@@ -503,7 +507,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     for item in overrides:
         key, sep, text = item.partition("=")
         path = [part for part in key.strip().split(".") if part]
-        if not sep or len(path) < 2:
+        if not sep or not path or (len(path) < 2 and path[0] not in LIST_SECTIONS):
             raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. llm.threads=4")
         if not text.strip():
             continue

@@ -115,6 +115,9 @@ MAPPING: dict[str, tuple[Any, Any]] = {
     "background_min_share": (0.25, lambda c: c.policy.background_min_share),
     "wyoming": (False, lambda c: c.wyoming.enabled),
     "token": ("s3cret: with #chars", lambda c: c.server.token),
+    "remote_url": ("http://attic.local:8844/v1", lambda c: c.remotes[0].url),
+    "remote_token": ('it"s: #secret', lambda c: c.remotes[0].token),
+    "remote_model": ("Qwen/Qwen2.5-7B-Instruct", lambda c: c.remotes[0].model),
 }
 
 
@@ -184,6 +187,7 @@ def test_the_default_options_give_the_default_server(tmp_path: Path) -> None:
     assert cfg.stt == defaults.stt and cfg.embed == defaults.embed
     assert cfg.policy == defaults.policy
     assert cfg.server.token is None  # made on first start in /data/token
+    assert cfg.remotes == ()  # no remote lane unless one is given
 
 
 # --- s6, Dockerfiles, compose, repository ----------------------------------------------------
