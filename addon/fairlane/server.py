@@ -206,8 +206,8 @@ async def health(request: web.Request) -> web.Response:
         {
             # "degraded": an engine runs on another device than the one asked for, a part
             # (the indexer, the summariser) failed and is being retried, or a remote lane's
-            # breaker is open (`remotes`); the server still
-            # answers, so this is a 200 (a watchdog's restart would not help).
+            # breaker is not closed (`remotes`); the server still answers, so this is a 200
+            # (a watchdog's restart would not help).
             "status": "ok" if healthy else "degraded",
             "devices": devices,
             "components": components,
@@ -441,27 +441,24 @@ def start_loops(
     cfg: config_mod.Config, engines: dict[Kind, Any], workers: dict[Kind, str | None]
 ) -> tuple[Devices, PolicyConfig]:
     """One device loop per worker, started: engines are grouped by the `worker` their
-    section names, or else by the device they really got (`cpu`, `cuda`). Each loop has its
-    own policy, with the cost profile of its device. Returns the loops and the LLM's policy
-    configuration (the one the telemetry's SLOs come from)."""
+    section names, or else by the device they really got (`cpu`, `cuda`).
+
+    Every loop plans for the household's targets, which are set by where the LLM runs (a GPU
+    box keeps GPU targets for its CPU speech loop too, so a CPU embedding step stays short
+    enough for the next utterance); each loop's costs come from its own device's profile
+    ("auto": the CPU profile for a loop with no engine on a GPU). Returns the loops and that
+    policy configuration."""
+    llm_on_gpu = engines[Kind.LLM].placement.got == "cuda"
+    policy_config = cfg.serving_policy(load_profile(_profile(cfg, llm_on_gpu))[1])
     groups: dict[str, dict[Kind, Any]] = {}
     for kind, engine in engines.items():
         groups.setdefault(workers.get(kind) or engine.placement.got, {})[kind] = engine
     loops = []
-    llm_policy: PolicyConfig | None = None
     for name, group in groups.items():
         on_gpu = any(engine.placement.got == "cuda" for engine in group.values())
-        # "auto" chooses by the device the loop's engines really got, not the one asked for.
-        profile_name = cfg.profile
-        if cfg.server.profile == "auto" and not on_gpu:
-            profile_name = "cpu-2core"
-        profile, device_type = load_profile(profile_name)
-        policy_config = cfg.serving_policy(device_type)
-        if Kind.LLM in group:
-            llm_policy = policy_config
+        profile, _ = load_profile(_profile(cfg, on_gpu))
         policy = make_policy(cfg.policy_name, policy_config, CostModel(profile))
         loops.append(DeviceLoop(policy, group, name=name))
-    assert llm_policy is not None, "the LLM always runs"
     devices = Devices(loops)
     devices.start()
     if len(loops) > 1:
@@ -469,7 +466,13 @@ def start_loops(
             "device loops: %s",
             "; ".join(f"{loop.name}: {', '.join(k.value for k in loop.engines)}" for loop in loops),
         )
-    return devices, llm_policy
+    return devices, policy_config
+
+
+def _profile(cfg: config_mod.Config, on_gpu: bool) -> str:
+    """The cost profile of a device: "auto" chooses by the device the engines really got,
+    not the one they asked for."""
+    return "cpu-2core" if cfg.server.profile == "auto" and not on_gpu else cfg.profile
 
 
 class DeviceMissing(ValueError):
