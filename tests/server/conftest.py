@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -29,3 +31,14 @@ def server_config(policy: str = "fairlane", **llm: object) -> config.Config:
 def server() -> Iterator[BackgroundServer]:
     with BackgroundServer(server_config()) as running:
         yield running
+
+
+def wait_for(what: Callable[[], Any], timeout_s: float = 120.0, poll_s: float = 0.02) -> Any:
+    """Poll `what` until it returns something true (and return that); fail after `timeout_s`.
+    For waiting on a server's state, never for timing it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if result := what():
+            return result
+        time.sleep(poll_s)
+    raise AssertionError(f"not reached in {timeout_s:.0f} s")

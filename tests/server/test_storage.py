@@ -7,15 +7,13 @@ gives."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
 from fairlane.api.documents import _chunk
 from fairlane.server import BackgroundServer
-from tests.server.conftest import server_config
+from tests.server.conftest import server_config, wait_for
 from tests.server.test_chat_api import http
 
 NOTE = " ".join(
@@ -38,15 +36,6 @@ def _disk(server: BackgroundServer, full: bool) -> None:
         store._db.execute(f"PRAGMA max_page_count = {pages if full else 1_073_741_823}")
 
 
-def _wait_for(what: Callable[[], Any], timeout_s: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if result := what():
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"not reached in {timeout_s:.0f} s")
-
-
 def test_an_upload_to_a_full_disk_is_a_507_and_stores_nothing(server: BackgroundServer) -> None:
     _disk(server, full=True)
     try:
@@ -66,7 +55,7 @@ def test_the_indexer_is_retried_and_health_says_so_until_space_returns(
         server: BackgroundServer) -> None:
     svc = server.services
     assert svc.documents is not None and svc.embedder is not None
-    _wait_for(lambda: http(server, "GET", "/health")[1]["components"]["indexer"]["state"] == "ok")
+    wait_for(lambda: http(server, "GET", "/health")[1]["components"]["indexer"]["state"] == "ok")
     # A document stored while there was space; its vectors come when the indexer wakes.
     text = NOTE.replace("boiler", "water heater")
     document_id, _ = svc.documents.add(
@@ -75,14 +64,14 @@ def test_the_indexer_is_retried_and_health_says_so_until_space_returns(
     _disk(server, full=True)
     try:
         server.loop.call_soon_threadsafe(svc.index_wakeup.set)
-        health = _wait_for(lambda: (h := http(server, "GET", "/health")[1])["status"] ==
+        health = wait_for(lambda: (h := http(server, "GET", "/health")[1])["status"] ==
                            "degraded" and h)
         indexer = health["components"]["indexer"]
         assert indexer["state"] == "retrying" and indexer["error"] == "the disk is full"
     finally:
         _disk(server, full=False)
     # The next try succeeds: the document is indexed and the server is healthy again.
-    _wait_for(lambda: http(server, "GET", f"/v1/documents/{document_id}")[1]["status"] ==
+    wait_for(lambda: http(server, "GET", f"/v1/documents/{document_id}")[1]["status"] ==
               "indexed")
     health = http(server, "GET", "/health")[1]
     assert health["status"] == "ok" and health["components"]["indexer"]["failures"] == 0

@@ -29,7 +29,7 @@ from fairlane import config
 from fairlane.bench.servers import ServerProcess, free_port
 from fairlane.policy import Kind, Priority
 from fairlane.server import BackgroundServer
-from tests.server.conftest import TOKEN
+from tests.server.conftest import TOKEN, wait_for
 from tests.server.test_chat_api import http
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "speech"
@@ -126,15 +126,6 @@ def started(url: str, body: dict[str, Any]) -> tuple[threading.Thread, Streamed]
 def chat(lane: str, client: str, content: str, max_tokens: int = 24) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
             "fairlane_class": lane, "user": client, "temperature": 0}
-
-
-def wait_for(what, timeout_s: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if result := what():
-            return result
-        time.sleep(0.02)
-    raise AssertionError(f"not reached in {timeout_s:.0f} s")
 
 
 def lane_stats(server: BackgroundServer) -> dict[str, Any]:
