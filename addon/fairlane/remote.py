@@ -33,7 +33,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +66,10 @@ class RemoteRefused(Exception):
     def __init__(self, admission: Admission) -> None:
         super().__init__(admission.reason)
         self.admission = admission
+
+
+class RemoteCancelled(Exception):
+    """A waiting request cancelled through the API (`/v1/chat/completions/{id}/cancel`)."""
 
 
 @dataclass
@@ -126,6 +130,8 @@ class RemoteLane:
     failed: int = 0
     _session: aiohttp.ClientSession | None = None
     _probe: str | None = None  # the request sent to test a half-open breaker
+    # Requests at the remote, each with the event that stops it (a cancel through the API).
+    stops: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.queues = {p: FairQueue() for p in Priority}
@@ -171,6 +177,7 @@ class RemoteLane:
                     False, f"not started within the {request.priority.label} class's "
                            f"policy.max_wait_ms ({max_wait:.0f} ms)", retryable=True)) from err
             raise
+        self.stops[request.id] = asyncio.Event()
         try:
             yield
         finally:
@@ -180,7 +187,20 @@ class RemoteLane:
         self.waiters.pop(request.id, None)
         self.queues[request.priority].remove(request)
 
+    def cancel(self, request_id: str) -> bool:
+        """Stop a request of this lane: a waiting one leaves the queue (RemoteCancelled), one
+        at the remote stops at once (its connection is closed). False: not this lane's."""
+        if (waiter := self.waiters.get(request_id)) is not None:
+            self._forget(waiter.request)
+            waiter.turn.set_exception(RemoteCancelled())
+            return True
+        if (stop := self.stops.get(request_id)) is not None:
+            stop.set()
+            return True
+        return False
+
     def _done(self, request: Request) -> None:
+        self.stops.pop(request.id, None)
         self.in_flight -= 1
         if self._probe == request.id:  # a probe that neither failed nor succeeded (its client
             self._probe = None  # went away): the next request probes instead
@@ -263,7 +283,9 @@ class RemoteLane:
         if self._session is not None:
             await self._session.close()
 
-    async def chat(self, body: dict[str, Any], request: Request) -> AsyncIterator[dict[str, Any]]:
+    async def chat(
+        self, body: dict[str, Any], request: Request
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Stream a chat completion from the remote: each chunk's JSON, in order. Call inside
         `slot()`. Raises RemoteError when the remote fails; a request cancelled by its client
         closes the connection (the remote stops generating) and counts as no failure."""

@@ -34,6 +34,7 @@ from tests.server.test_chat_api import http
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "speech"
 REMOTE_TOKEN = "remote-secret"
+COUNT = "Count from 1 to 1000, separated by commas."  # a reply that runs to max_tokens
 QUIET = {"stt": {"enabled": False}, "tts": {"enabled": False}, "embed": {"enabled": False},
          "wyoming": {"enabled": False}}
 
@@ -187,6 +188,37 @@ def test_the_lane_orders_by_class_then_by_fairness_within_its_window(
     assert order[0] == "c1" and order.index("b1") < order.index("a3"), order
 
 
+def remote_running(remote: ServerProcess) -> int:
+    with urllib.request.urlopen(urllib.request.Request(
+            f"{remote.url}/v1/stats", headers={"Authorization": f"Bearer {REMOTE_TOKEN}"})) as r:
+        return int(json.loads(r.read())["classes"]["background"]["running"])
+
+
+def test_cancel_stops_a_remote_stream_at_once_and_takes_a_waiting_one_off_the_queue(
+        local: BackgroundServer, remote: ServerProcess) -> None:
+    running = started(local.url, chat("background", "a", COUNT, 400))
+    wait_for(lambda: running[1].first_at is not None)
+    waiting = started(local.url, chat("background", "b", "say yes.", 4))
+    wait_for(lambda: lane_stats(local)["waiting"]["background"] == 1)
+    # The waiting one first (cancelling the running one would send it to the remote). Its
+    # id is this server's and in no event yet: it is the one the lane holds.
+    ids = [next(iter(local.services.remotes[0].waiters)),
+           next(e["id"] for e in running[1].events if e.get("id"))]
+    for completion_id in ids:
+        status, reply = http(local, "POST", f"/v1/chat/completions/{completion_id}/cancel")
+        assert status == 200 and reply["cancelled"], reply
+    for thread, _ in (running, waiting):
+        thread.join(timeout=30)
+    # Both replies end cleanly: the story stopped long before its 400 tokens, the waiting
+    # request is an empty reply. The remote saw the connection close and stopped too.
+    assert running[1].done and running[1].events[-1]["choices"][0]["finish_reason"] == "stop"
+    assert len(running[1].text) < 400 * 3
+    assert waiting[1].done and waiting[1].text == ""
+    wait_for(lambda: lane_stats(local)["in_flight"] == 0)
+    wait_for(lambda: remote_running(remote) == 0, timeout_s=30)
+    assert http(local, "POST", f"/v1/chat/completions/{ids[1]}/cancel")[0] == 404
+
+
 def test_a_full_lane_queue_is_refused_at_once(remote: ServerProcess, tmp_path) -> None:
     cfg = config.parse({
         "server": {"port": 0, "token": TOKEN, "data_dir": str(tmp_path)},
@@ -231,7 +263,7 @@ def test_a_remote_killed_mid_stream_fails_every_waiting_client_and_local_lanes_g
                         timeout_s=20)
     try:
         with BackgroundServer(cfg) as local:
-            clients = [started(local.url, chat("background", f"m{i}", "write a long story.",
+            clients = [started(local.url, chat("background", f"m{i}", COUNT,
                                                200)) for i in range(3)]
             wait_for(lambda: clients[0][1].first_at is not None or
                      clients[1][1].first_at is not None or clients[2][1].first_at is not None)

@@ -121,7 +121,9 @@ CHAT_REQUEST = vol.Schema(
 async def cancel_completion(request: web.Request) -> web.Response:
     svc = services_of(request)
     completion_id = request.match_info["id"]
-    if not svc.device.cancel(completion_id):
+    if not svc.device.cancel(completion_id) and not any(
+        lane.cancel(completion_id) for lane in svc.remotes
+    ):
         raise ApiError(404, f"no running completion {completion_id!r}", code="not_found")
     return web.json_response({"id": completion_id, "cancelled": True})
 

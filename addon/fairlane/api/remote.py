@@ -15,13 +15,14 @@ import json
 import math
 import time
 import uuid
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from aiohttp import web
 
 from fairlane.api.common import ApiError, Services, refused
 from fairlane.policy import Kind, Priority, Request
-from fairlane.remote import RemoteError, RemoteLane, RemoteRefused
+from fairlane.remote import RemoteCancelled, RemoteError, RemoteLane, RemoteRefused
 
 # Fields that are this server's, not the remote's (the lane sends the class in the
 # X-Fairlane-Class header, which another Fairlane reads and other engines ignore).
@@ -92,14 +93,31 @@ async def remote_chat(
         raise refused(err.admission) from None
     except RemoteError as err:
         raise _api_error(err) from None
+    except RemoteCancelled:
+        return await _cancelled_reply(request, completion_id, body)
 
 
 async def _counted(svc: Services, lane: RemoteLane, item: Request, record: Any,
-                   chunks: Any) -> Any:
+                   chunks: AsyncGenerator[dict[str, Any], None]
+                   ) -> AsyncGenerator[dict[str, Any], None]:
     """The remote's chunks, with each piece of output counted for the latency figures and
-    charged to the client's fairness counter; the record is finished at the end."""
+    charged to the client's fairness counter; the record is finished at the end. A cancel
+    through the API stops the wait for the next chunk at once and ends the reply ("stop")."""
+    stop = lane.stops[item.id]
+    step: asyncio.Future[dict[str, Any] | None] | None = None
     try:
-        async for chunk in chunks:
+        while True:
+            step = asyncio.ensure_future(anext(chunks, None))
+            halt = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({step, halt}, return_when=asyncio.FIRST_COMPLETED)
+            halt.cancel()
+            if not step.done():  # cancelled: the remote's connection closes now
+                svc.telemetry.finish(record, svc.device.clock(), outcome="cancelled")
+                yield _final_chunk()
+                return
+            chunk = step.result()
+            if chunk is None:
+                break
             if any((c.get("delta") or {}).get("content") or
                    (c.get("delta") or {}).get("tool_calls") for c in chunk.get("choices") or []):
                 svc.telemetry.token(record, svc.device.clock())
@@ -107,7 +125,27 @@ async def _counted(svc: Services, lane: RemoteLane, item: Request, record: Any,
             yield chunk
         svc.telemetry.finish(record, svc.device.clock())
     finally:
-        await chunks.aclose()  # a client that left: the remote's connection closes now
+        if step is not None and not step.done():  # the client left, or a cancel
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RemoteError):
+                await step
+        await chunks.aclose()
+
+
+def _final_chunk() -> dict[str, Any]:
+    return {"object": "chat.completion.chunk", "created": int(time.time()),
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+
+
+async def _cancelled_reply(request: web.Request, completion_id: str,
+                           body: dict[str, Any]) -> web.StreamResponse:
+    """A request cancelled while it waited for the lane: an empty reply, as a local one gets."""
+    async def nothing() -> AsyncGenerator[dict[str, Any], None]:
+        yield _final_chunk()
+
+    if body["stream"]:
+        return (await _relay(request, completion_id, None, nothing(), body))[0]
+    return web.json_response(await _assemble(completion_id, None, nothing()))
 
 
 async def _relay(request: web.Request, completion_id: str, first: dict[str, Any] | None,
