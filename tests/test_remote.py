@@ -89,3 +89,17 @@ def test_the_window_follows_the_remotes_time_to_first_token() -> None:
     assert lane.window == 4  # fast, but the window was not what held requests back
     lane._measured(0.2, window_was_full=True)
     assert lane.window == 5
+
+
+def test_a_lane_serving_chat_keeps_chats_itl_target() -> None:
+    clock = Clock()
+    chat = _lane(clock, max_in_flight=8, classes=("chat", "background"))
+    assert chat.itl_target_s == 0.1  # the chat class's ITL target (PolicyConfig's 100 ms)
+    chat._measured_itl([0.05, 0.08, 0.09])
+    assert chat.window == 8
+    chat._measured_itl([0.05, 0.3, 0.4])  # median gap 300 ms: the remote's batch is too full
+    assert chat.window == 4
+    background = _lane(clock, max_in_flight=8)
+    assert background.itl_target_s is None
+    background._measured_itl([5.0, 5.0, 5.0])  # nobody reads a background reply as it comes
+    assert background.window == 8

@@ -12,7 +12,9 @@ than inside the remote.
 The window starts at `max_in_flight` and follows the remote's time to first token: halved
 when a request waited longer than `window_ttft_ms` for its first token (the remote is
 queueing what it cannot serve), one larger when a request at a full window got its first
-token in under half of it.
+token in under half of it. A lane that serves an interactive class also keeps that class's
+ITL target: a request whose median gap between chunks was over it halves the window (fewer
+streams in the remote's batch, each decoded sooner).
 
 A remote that cannot be reached, answers 5xx, stalls longer than `timeout_s` or breaks a
 stream off fails the request with a clear error (never a hang) and counts against a circuit
@@ -262,6 +264,19 @@ class RemoteLane:
                     waiter.turn.set_exception(unavailable)
         return error
 
+    @property
+    def itl_target_s(self) -> float | None:
+        """The tightest ITL target of the classes this lane serves (none for background)."""
+        targets = [
+            itl for p in Priority if self.serves(p) and (itl := self.policy.slo[p].itl_ms)
+        ]
+        return min(targets) / 1000 if targets else None
+
+    def _measured_itl(self, gaps: list[float]) -> None:
+        target = self.itl_target_s
+        if target is not None and gaps and sorted(gaps)[len(gaps) // 2] > target:
+            self.window = max(1, self.window // 2)
+
     def _measured(self, ttft_s: float, window_was_full: bool) -> None:
         self.ttft_s.append(ttft_s)
         target_s = self.config.window_ttft_ms / 1000
@@ -293,6 +308,7 @@ class RemoteLane:
         sent = self.clock()
         first_at: float | None = None
         last_at = sent
+        gaps: list[float] = []
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=self.config.timeout_s
         )
@@ -321,6 +337,7 @@ class RemoteLane:
                             first_at = now
                             self._measured(now - sent, window_was_full)
                         else:
+                            gaps.append(now - last_at)
                             self.itl_s.append(now - last_at)
                         last_at = now
                     finished = finished or _finish_reason(chunk) is not None
@@ -342,6 +359,7 @@ class RemoteLane:
                 "remote_failed")) from err
         self.served += 1
         self.breaker.success()
+        self._measured_itl(gaps)
 
     async def _rejected(self, response: aiohttp.ClientResponse) -> RemoteError:
         text = (await response.text())[:2000]
