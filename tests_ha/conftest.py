@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -92,16 +93,15 @@ class RunningServer:
     data_dir: Path
 
 
-@pytest.fixture(scope="session")
-def _server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One server for the whole run: loading the three default models takes a while."""
+@contextlib.contextmanager
+def running_server(data_dir: Path, more_config: str = "") -> Iterator[RunningServer]:
+    """`fairlane serve` on the default models, with `more_config` (YAML) added."""
     port, wyoming = _free_port(), _free_port()
-    data_dir = tmp_path_factory.mktemp("fairlane")
     config = data_dir / "fairlane.yaml"
     config.write_text(
         f"server: {{host: 127.0.0.1, port: {port}, data_dir: {data_dir}}}\n"
         f"wyoming: {{port: {wyoming}}}\n"
-        "llm: {n_ctx: 8192}\n"
+        "llm: {n_ctx: 8192}\n" + more_config
     )
     log = data_dir / "fairlane.log"
     env = {**os.environ, "FAIRLANE_TOKEN": TOKEN}
@@ -122,6 +122,13 @@ def _server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def _server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server for the whole run: loading the three default models takes a while."""
+    with running_server(tmp_path_factory.mktemp("fairlane")) as server:
+        yield server
 
 
 @pytest.fixture

@@ -65,7 +65,7 @@ def test_translations_cover_every_entity_service_and_error() -> None:
     assert json.loads((INTEGRATION / "translations" / "en.json").read_text()) == STRINGS
     entity = STRINGS["entity"]
     assert {d.translation_key for d in SENSORS} == set(entity["sensor"])
-    assert set(entity["binary_sensor"]) == {"reachable"}
+    assert set(entity["binary_sensor"]) == {"reachable", "remote_lanes"}
     from custom_components.fairlane.config_flow import FairlaneConfigFlow
 
     kinds = set(FairlaneConfigFlow.async_get_supported_subentry_types(None))  # type: ignore[arg-type]
