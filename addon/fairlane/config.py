@@ -210,9 +210,10 @@ def _remote_url(value: Any) -> str:
     return url
 
 
-# A lane on another machine (rule 10): chat completions and summaries of these classes go to
-# a remote OpenAI-compatible engine (vLLM, SGLang, llama-server, another Fairlane). Admission,
-# class order, fairness and queue limits are still this server's.
+# A lane on another machine (rule 10): the work of these classes and kinds goes to a remote
+# OpenAI-compatible engine (vLLM, SGLang, llama-server, another Fairlane): `llm`, chat
+# completions and summaries; `embed`, embeddings (the document index's too). Admission, class
+# order, fairness and queue limits are still this server's.
 REMOTE_SCHEMA = vol.Schema(
     {
         vol.Required("name"): vol.All(str, vol.Length(min=1)),
@@ -222,6 +223,9 @@ REMOTE_SCHEMA = vol.Schema(
         vol.Optional("model", default=None): vol.Any(None, str),
         vol.Optional("classes", default=["background"]): vol.All(
             [vol.In(CLASS_NAMES)], vol.Length(min=1)
+        ),
+        vol.Optional("kinds", default=["llm"]): vol.All(
+            [vol.In(["llm", "embed"])], vol.Length(min=1)
         ),
         # Requests the remote holds at once at most; the window shrinks below it while the
         # remote's time to first token is over `window_ttft_ms` (it is queueing, not serving).
@@ -240,14 +244,15 @@ REMOTE_SCHEMA = vol.Schema(
 
 
 def _one_remote_per_class(remotes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    seen: dict[str, str] = {}
+    seen: dict[tuple[str, str], str] = {}
     for remote in remotes:
-        for label in remote["classes"]:
-            if label in seen:
+        for work in ((label, kind) for label in remote["classes"] for kind in remote["kinds"]):
+            if work in seen:
                 raise vol.Invalid(
-                    f"class {label!r} is bound to both {seen[label]!r} and {remote['name']!r}"
+                    f"{work[1]} work of class {work[0]!r} is bound to both {seen[work]!r} "
+                    f"and {remote['name']!r}"
                 )
-            seen[label] = remote["name"]
+            seen[work] = remote["name"]
     return remotes
 
 
@@ -365,6 +370,7 @@ class RemoteConfig:
     token: str | None = None
     model: str | None = None
     classes: tuple[str, ...] = ("background",)
+    kinds: tuple[str, ...] = ("llm",)
     max_in_flight: int = 4
     window_ttft_ms: float = 5000
     timeout_s: float = 60
@@ -461,7 +467,8 @@ def parse(data: dict[str, Any] | None) -> Config:
         wyoming=WyomingConfig(**valid["wyoming"]),
         embed=EmbedConfig(**valid["embed"]),
         remotes=tuple(
-            RemoteConfig(**{**r, "classes": tuple(r["classes"])}) for r in valid["remotes"]
+            RemoteConfig(**{**r, "classes": tuple(r["classes"]), "kinds": tuple(r["kinds"])})
+            for r in valid["remotes"]
         ),
     )
 

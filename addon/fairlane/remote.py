@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 
 from fairlane.config import RemoteConfig
-from fairlane.policy import Admission, PolicyConfig, Priority, Request
+from fairlane.policy import Admission, Kind, PolicyConfig, Priority, Request
 from fairlane.policy.fairness import FairQueue
 
 _LOGGER = logging.getLogger(__name__)
@@ -132,6 +132,8 @@ class RemoteLane:
     failed: int = 0
     _session: aiohttp.ClientSession | None = None
     _probe: str | None = None  # the request sent to test a half-open breaker
+    # Whether the remote's embeddings were found to match this server's (`embed` lanes).
+    same_vectors: bool = False
     # Requests at the remote, each with the event that stops it (a cancel through the API).
     stops: dict[str, asyncio.Event] = field(default_factory=dict)
 
@@ -144,8 +146,8 @@ class RemoteLane:
     def name(self) -> str:
         return self.config.name
 
-    def serves(self, priority: Priority) -> bool:
-        return priority.label in self.config.classes
+    def serves(self, priority: Priority, kind: Kind = Kind.LLM) -> bool:
+        return priority.label in self.config.classes and kind.value in self.config.kinds
 
     # --- admission and order -----------------------------------------------------------------
 
@@ -298,6 +300,36 @@ class RemoteLane:
         if self._session is not None:
             await self._session.close()
 
+    @contextlib.asynccontextmanager
+    async def _calling(self) -> AsyncIterator[None]:
+        """Around a call to the remote: its failures become RemoteErrors that count against
+        the breaker (a 4xx, the request's own fault, does not)."""
+        try:
+            yield
+        except RemoteError as err:
+            if err.status >= 500:
+                raise self._failed(err) from None
+            raise
+        except TimeoutError as err:
+            raise self._failed(RemoteError(
+                504, f"the remote engine {self.name!r} sent nothing for "
+                     f"{self.config.timeout_s:.0f} s", "remote_timeout")) from err
+        except (aiohttp.ClientError, OSError, ValueError, KeyError, TypeError) as err:
+            raise self._failed(RemoteError(
+                502, f"the remote engine {self.name!r} failed: {_describe(err)}",
+                "remote_failed")) from err
+
+    def _post(self, path: str, body: dict[str, Any], request: Request) -> Any:
+        return self._client().post(
+            f"{self.config.url}/{path}",
+            json=body,
+            # The class, for a remote that is another Fairlane (others ignore it).
+            headers={"X-Fairlane-Class": request.priority.label},
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=self.config.timeout_s
+            ),
+        )
+
     async def chat(
         self, body: dict[str, Any], request: Request
     ) -> AsyncGenerator[dict[str, Any], None]:
@@ -309,57 +341,56 @@ class RemoteLane:
         first_at: float | None = None
         last_at = sent
         gaps: list[float] = []
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=self.config.timeout_s
-        )
-        try:
-            async with self._client().post(
-                f"{self.config.url}/chat/completions",
-                json={**body, "stream": True},
-                # The class, for a remote that is another Fairlane (others ignore it).
-                headers={"X-Fairlane-Class": request.priority.label},
-                timeout=timeout,
-            ) as response:
-                if response.status >= 400:
-                    raise await self._rejected(response)
-                finished = False
-                async for data in _sse(response):
-                    if data == "[DONE]":
-                        finished = True
-                        break
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        raise RemoteError(502, f"the remote engine {self.name!r} failed: "
-                                               f"{_message(chunk)}", "remote_failed")
-                    now = self.clock()
-                    if _has_output(chunk):
-                        if first_at is None:
-                            first_at = now
-                            self._measured(now - sent, window_was_full)
-                        else:
-                            gaps.append(now - last_at)
-                            self.itl_s.append(now - last_at)
-                        last_at = now
-                    finished = finished or _finish_reason(chunk) is not None
-                    yield chunk
-                if not finished:
-                    raise RemoteError(502, f"the remote engine {self.name!r} ended the stream "
-                                           "before the reply was complete", "remote_failed")
-        except RemoteError as err:
-            if err.status >= 500:
-                raise self._failed(err) from None
-            raise
-        except TimeoutError as err:
-            raise self._failed(RemoteError(
-                504, f"the remote engine {self.name!r} sent nothing for "
-                     f"{self.config.timeout_s:.0f} s", "remote_timeout")) from err
-        except (aiohttp.ClientError, OSError, ValueError) as err:
-            raise self._failed(RemoteError(
-                502, f"the remote engine {self.name!r} failed: {_describe(err)}",
-                "remote_failed")) from err
+        async with self._calling(), self._post(
+            "chat/completions", {**body, "stream": True}, request
+        ) as response:
+            if response.status >= 400:
+                raise await self._rejected(response)
+            finished = False
+            async for data in _sse(response):
+                if data == "[DONE]":
+                    finished = True
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise RemoteError(502, f"the remote engine {self.name!r} failed: "
+                                           f"{_message(chunk)}", "remote_failed")
+                now = self.clock()
+                if _has_output(chunk):
+                    if first_at is None:
+                        first_at = now
+                        self._measured(now - sent, window_was_full)
+                    else:
+                        gaps.append(now - last_at)
+                        self.itl_s.append(now - last_at)
+                    last_at = now
+                finished = finished or _finish_reason(chunk) is not None
+                yield chunk
+            if not finished:
+                raise RemoteError(502, f"the remote engine {self.name!r} ended the stream "
+                                       "before the reply was complete", "remote_failed")
         self.served += 1
         self.breaker.success()
         self._measured_itl(gaps)
+
+    async def embed(self, texts: list[str], model: str, request: Request) -> list[list[float]]:
+        """The remote's embeddings of `texts`, in order. Call inside `slot()`."""
+        sent = self.clock()
+        async with self._calling(), self._post(
+            "embeddings", {"input": texts, "model": model}, request
+        ) as response:
+            if response.status >= 400:
+                raise await self._rejected(response)
+            data = sorted((await response.json(content_type=None))["data"],
+                          key=lambda item: item["index"])
+            if len(data) != len(texts):
+                raise RemoteError(502, f"the remote engine {self.name!r} gave {len(data)} "
+                                       f"vectors for {len(texts)} texts", "remote_failed")
+            vectors = [list(item["embedding"]) for item in data]
+        self.ttft_s.append(self.clock() - sent)
+        self.served += 1
+        self.breaker.success()
+        return vectors
 
     async def _rejected(self, response: aiohttp.ClientResponse) -> RemoteError:
         text = (await response.text())[:2000]

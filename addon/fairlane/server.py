@@ -47,6 +47,7 @@ from fairlane.api.documents import (
     stop_workers,
 )
 from fairlane.api.embeddings import embeddings
+from fairlane.api.remote import api_error
 from fairlane.api.speech import transcriptions
 from fairlane.api.voice import speech, voices
 from fairlane.chat import ChatTemplate, ChatTemplateError
@@ -68,7 +69,7 @@ from fairlane.openapi import OPENAPI
 from fairlane.placement import Placement
 from fairlane.policy import CostModel, Kind, PolicyConfig, Priority, make_policy
 from fairlane.profiles import load as load_profile
-from fairlane.remote import RemoteLane
+from fairlane.remote import RemoteError, RemoteLane
 from fairlane.synthesis import VoiceService
 from fairlane.telemetry import Telemetry
 from fairlane.wyoming_server import SpeechService
@@ -82,6 +83,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except ApiError as err:
         return err.response()
+    except RemoteError as err:  # a remote lane's failure (embeddings; chat maps its own)
+        return api_error(err).response()
     except (OSError, sqlite3.OperationalError) as err:
         if not storage_full(err):
             raise

@@ -39,10 +39,12 @@ QUIET = {"stt": {"enabled": False}, "tts": {"enabled": False}, "embed": {"enable
          "wyoming": {"enabled": False}}
 
 
-def _remote_server(port: int | None = None) -> ServerProcess:
-    """A second Fairlane on one core: the remote engine (on `port` when it comes back)."""
+def _remote_server(port: int | None = None, embed: bool = False) -> ServerProcess:
+    """A second Fairlane on one core: the remote engine (on `port` when it comes back; with
+    the embedder for `embed` lanes)."""
     port = port or free_port()
-    cfg = {**QUIET, "server": {"port": port, "token": REMOTE_TOKEN,
+    cfg = {**QUIET, "embed": {"enabled": embed, "threads": 1},
+           "server": {"port": port, "token": REMOTE_TOKEN,
                                "data_dir": tempfile.mkdtemp(prefix="fairlane-remote-")},
            "llm": {"threads": 1, "n_seq_max": 4, "n_ctx": 4096}}
     path = Path(tempfile.mkdtemp()) / "remote.yaml"
@@ -51,6 +53,7 @@ def _remote_server(port: int | None = None) -> ServerProcess:
 
 
 def _local_config(remote_url: str, tmp: Path, **lane: Any) -> config.Config:
+    lane.setdefault("kinds", ["llm"])
     return config.parse({
         "server": {"port": 0, "token": TOKEN, "data_dir": str(tmp)},
         "wyoming": {"enabled": False}, "stt": {"enabled": False}, "tts": {"enabled": False},
@@ -62,13 +65,16 @@ def _local_config(remote_url: str, tmp: Path, **lane: Any) -> config.Config:
 
 @pytest.fixture(scope="module")
 def remote() -> Iterator[ServerProcess]:
-    with _remote_server() as server:
+    with _remote_server(embed=True) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def local(remote: ServerProcess, tmp_path_factory) -> Iterator[BackgroundServer]:
-    cfg = _local_config(remote.url, tmp_path_factory.mktemp("local"), max_in_flight=1)
+    """This server: chat and background LLM work and background embeddings (the document
+    index) go to the remote, one request at a time."""
+    cfg = _local_config(remote.url, tmp_path_factory.mktemp("local"), max_in_flight=1,
+                        kinds=["llm", "embed"])
     with BackgroundServer(cfg) as server:
         yield server
 
@@ -253,6 +259,34 @@ def test_a_summary_job_runs_on_the_remote(local: BackgroundServer) -> None:
     assert lane_stats(local)["served"] == served + 1
     assert not any(Priority.BACKGROUND in r.classes and r.kind is Kind.LLM
                    for r in local.services.device.records)
+
+
+def test_documents_are_embedded_on_the_remote_and_searched_here(
+        local: BackgroundServer) -> None:
+    served = lane_stats(local)["served"]
+    texts = {"bins": "Bin collection: the green bin goes out on Monday night.",
+             "vet": "Vet appointment for the cat on Tuesday at 10."}
+    ids = {}
+    for key, text in texts.items():
+        status, body = http(local, "POST", "/v1/documents", {"text": text, "title": key})
+        assert status == 202, body
+        ids[key] = body["id"]
+    for document_id in ids.values():
+        wait_for(lambda d=document_id: http(local, "GET", f"/v1/documents/{d}")[1][
+            "status"] == "indexed")
+    # The search is embedded here (class chat), the index there: the same model, checked
+    # once on a probe text before the lane's first vectors were used.
+    status, found = http(local, "POST", "/v1/documents/search",
+                         {"query": "When do the bins go out?", "top_k": 1})
+    assert status == 200 and found["data"][0]["document_id"] == ids["bins"]
+    assert local.services.remotes[0].same_vectors
+    assert lane_stats(local)["served"] > served
+    records = local.services.device.records
+    assert not any(r.kind is Kind.EMBED and Priority.BACKGROUND in r.classes for r in records)
+    assert any(r.kind is Kind.EMBED and Priority.CHAT in r.classes for r in records)
+    # OpenAI's embeddings endpoint at class background goes there too, as one request.
+    status, body = http(local, "POST", "/v1/embeddings", {"input": ["a", "b", "c"]})
+    assert status == 200 and len(body["data"]) == 3 and len(body["data"][0]["embedding"]) == 384
 
 
 def test_a_remote_killed_mid_stream_fails_every_waiting_client_and_local_lanes_go_on(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import uuid
 from typing import Any
 
@@ -24,6 +25,7 @@ from fairlane.api.common import (
     services_of,
     validate,
 )
+from fairlane.api.remote import lane_for, remote_embed
 from fairlane.policy import Kind, Priority, Request
 
 # --- embeddings ----------------------------------------------------------------------------------
@@ -72,18 +74,20 @@ async def embeddings(request: web.Request) -> web.Response:
             param="dimensions",
         )
     priority = request_class(request, body, Priority.BACKGROUND)
-    # Each text waits as one request of its class: more texts than the class's queue holds
-    # could never be admitted, so that is a 400 that says why, not a 429 to retry forever.
-    limit = svc.device.policy_for(Kind.EMBED).queue_limit(priority)
-    if len(texts) > limit:
-        raise ApiError(
-            400,
-            f"input: a {priority.label} request may hold at most {int(limit)} texts (its "
-            "queue's length); send more at class background, or in smaller requests",
-            param="input",
-            code="does_not_fit",
-        )
-    refuse_early(svc, priority, Kind.EMBED)
+    if lane_for(svc, priority, Kind.EMBED) is None:  # a remote lane takes them as one request
+        # Each text waits as one request of its class: more texts than the class's queue
+        # holds could never be admitted, so that is a 400 that says why, not a 429 to retry
+        # forever.
+        limit = svc.device.policy_for(Kind.EMBED).queue_limit(priority)
+        if len(texts) > limit:
+            raise ApiError(
+                400,
+                f"input: a {priority.label} request may hold at most {int(limit)} texts (its "
+                "queue's length); send more at class background, or in smaller requests",
+                param="input",
+                code="does_not_fit",
+            )
+        refuse_early(svc, priority, Kind.EMBED)
     client = body.get("user") or "anonymous"
     token_ids = await asyncio.to_thread(svc.embedder.tokenize, texts)
     deadline_s = request_deadline(request, body)
@@ -115,9 +119,15 @@ async def embed_all(
     priority: Priority,
     client: str,
     deadline_s: float | None = None,
+    local: bool = False,
 ) -> list[Any]:
-    """Queue every text as one EMBED request; all or nothing."""
+    """Queue every text as one EMBED request; all or nothing. A class bound to an `embed`
+    remote lane is embedded there (`local`: here, whatever the binding)."""
     assert svc.embedder is not None
+    if not local and (lane := lane_for(svc, priority, Kind.EMBED)) is not None:
+        here = functools.partial(embed_all, svc, priority=Priority.CHAT, client="probe",
+                                 local=True)
+        return await remote_embed(svc, lane, token_ids, priority, client, here)
     embedder = svc.embedder
     loop = asyncio.get_running_loop()
     futures: list[asyncio.Future[Any]] = []

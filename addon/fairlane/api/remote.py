@@ -15,9 +15,10 @@ import json
 import math
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from fairlane.api.common import ApiError, Services, refused
@@ -29,11 +30,12 @@ from fairlane.remote import RemoteCancelled, RemoteError, RemoteLane, RemoteRefu
 OWN_FIELDS = ("fairlane_class", "priority", "deadline_ms", "stream", "stream_options")
 
 
-def lane_for(svc: Services, priority: Priority) -> RemoteLane | None:
-    return next((lane for lane in svc.remotes if lane.serves(priority)), None)
+def lane_for(svc: Services, priority: Priority, kind: Kind = Kind.LLM) -> RemoteLane | None:
+    return next((lane for lane in svc.remotes if lane.serves(priority, kind)), None)
 
 
-def _api_error(err: RemoteError) -> ApiError:
+def api_error(err: RemoteError) -> ApiError:
+    """A remote's failure as the client hears it (the error middleware uses it too)."""
     headers = {} if err.retry_after_s is None else {
         "Retry-After": str(math.ceil(err.retry_after_s))
     }
@@ -92,7 +94,7 @@ async def remote_chat(
         svc.telemetry.refuse(priority)
         raise refused(err.admission) from None
     except RemoteError as err:
-        raise _api_error(err) from None
+        raise api_error(err) from None
     except RemoteCancelled:
         return await _cancelled_reply(request, completion_id, body)
 
@@ -252,3 +254,58 @@ async def remote_generate(
     except RemoteRefused as err:
         raise RemoteError(429, f"refused: {err.admission.reason}", "refused") from err
     return str(reply["choices"][0]["message"]["content"] or "").strip()
+
+
+# --- embeddings ---------------------------------------------------------------------------------
+
+# A text both sides embed before the first vectors are used: a remote on another model would
+# fill the index with vectors that this server's searches (embedded here) never match.
+PROBE = "The boiler is serviced every October; the pressure should read 1.5 bar."
+SAME_VECTORS = 0.98  # cosine: ONNX int8 against torch on one model is above 0.98
+
+
+async def remote_embed(
+    svc: Services, lane: RemoteLane, token_ids: list[list[int]], priority: Priority,
+    client: str, embed_here: Callable[[list[list[int]]], Awaitable[list[Any]]],
+) -> list[np.ndarray]:
+    """Embeddings of a class bound to an `embed` lane: the texts (from their tokens) sent to
+    the remote as one request. `embed_here` embeds on this server (for the probe). Raises
+    RemoteError when the remote fails (a handler answers it; the indexer is retried)."""
+    assert svc.embedder is not None
+    texts = await asyncio.to_thread(svc.embedder.tokenizer.decode_batch, token_ids)
+    model = lane.config.model or svc.embed_name
+    item = Request(f"emb-{uuid.uuid4().hex}", Kind.EMBED, priority, client, 0.0,
+                   prompt_tokens=sum(len(ids) for ids in token_ids))
+    try:
+        async with lane.slot(item):
+            if not lane.same_vectors:
+                await _check_same_vectors(svc, lane, model, item, embed_here)
+            vectors = await lane.embed(texts, model, item)
+    except RemoteRefused as err:
+        svc.telemetry.refuse(priority)
+        raise refused(err.admission) from None
+    return [np.asarray(v, dtype=np.float32) for v in vectors]
+
+
+async def _check_same_vectors(
+    svc: Services, lane: RemoteLane, model: str, item: Request,
+    embed_here: Callable[[list[list[int]]], Awaitable[list[Any]]],
+) -> None:
+    assert svc.embedder is not None
+    tokens = await asyncio.to_thread(svc.embedder.tokenize, [PROBE])
+    [here] = await embed_here(tokens)
+    [there] = await lane.embed([PROBE], model, item)
+    there_v = np.asarray(there, dtype=np.float32)
+    if here.shape != there_v.shape:
+        cosine = 0.0
+    else:
+        cosine = float(np.dot(here, there_v) /
+                       max(float(np.linalg.norm(here) * np.linalg.norm(there_v)), 1e-12))
+    if cosine < SAME_VECTORS:
+        # Counted against the breaker: the lane is misconfigured until its model is fixed.
+        raise lane._failed(RemoteError(
+            502, f"the remote engine {lane.name!r} embeds differently from this server "
+                 f"(cosine {cosine:.2f} on a probe text, {there_v.shape[0]} against "
+                 f"{here.shape[0]} dimensions): its vectors would not match the searches, "
+                 "so none are used", "remote_mismatch"))
+    lane.same_vectors = True
