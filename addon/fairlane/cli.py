@@ -16,7 +16,7 @@ from fairlane.policy import POLICIES
 
 def _simulate(args: argparse.Namespace) -> int:
     from fairlane import config as config_mod
-    from fairlane.policy import Priority
+    from fairlane.policy import Kind, Priority
     from fairlane.sim import default_workload, merged, scenario, simulate, simulate_with_remote
     from fairlane.sim.report import format_table, plot, summarize
 
@@ -33,18 +33,20 @@ def _simulate(args: argparse.Namespace) -> int:
         # Beside each policy on one device: the same policy with the remote classes' LLM
         # work on a second device (rule 10's remote lane).
         classes = frozenset(Priority.parse(c) for c in args.remote_classes.split(","))
+        kinds = frozenset(Kind(k) for k in args.remote_kinds.split(","))
         results = [
             result
             for name, alone in zip(policies, results, strict=True)
             for result in (alone, merged(*simulate_with_remote(
-                scn, name, args.remote, classes, noise=args.noise, seed=args.seed
+                scn, name, args.remote, classes, noise=args.noise, seed=args.seed, kinds=kinds
             ), f"{name}+remote"))
         ]
     reports = [summarize(r, scn.workload.slo, scn.workload.duration_s) for r in results]
     device = f"; the device runs at {args.truth}'s costs" if args.truth else ""
     if args.remote:
         device += (
-            f"; +remote: {args.remote_classes} LLM work on a second device ({args.remote}), "
+            f"; +remote: {args.remote_classes} {args.remote_kinds} work on a second device "
+            f"({args.remote}), "
             "device figures are the local device's"
         )
     print(
@@ -286,11 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--remote",
         metavar="PROFILE",
-        help="also run each policy with a remote lane: the --remote-classes' LLM work on a "
-        "second device with this profile's costs",
+        help="also run each policy with a remote lane: the --remote-classes' work of "
+        "--remote-kinds on a second device with this profile's costs",
     )
     sim.add_argument(
         "--remote-classes", default="background", help="classes the remote lane takes"
+    )
+    sim.add_argument(
+        "--remote-kinds", default="llm", help="kinds of work it takes: llm, or llm,embed"
     )
     sim.add_argument("--json", help="write the report here")
     sim.add_argument("--plot", help="write a PNG of TTFT CDFs and device occupancy here")

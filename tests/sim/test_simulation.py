@@ -166,6 +166,12 @@ def test_a_remote_lane_takes_the_background_llm_work_and_nothing_else() -> None:
     # Every step the local device ran was for its own work; the remote drained its share.
     assert all(Priority.BACKGROUND not in s.seconds or s.kind is Kind.EMBED for s in local.steps)
     assert remote.drained
+    # With `embed` too, the document backlog goes there as well.
+    _, with_embed = split(scn.workload, frozenset({Priority.BACKGROUND}),
+                          frozenset({Kind.LLM, Kind.EMBED}))
+    kinds = {j.kind for j in with_embed.jobs} | {
+        j.kind for loop in with_embed.loops for unit in loop.units for j in unit}
+    assert kinds == {Kind.LLM, Kind.EMBED}
     # A voice turn's chain (speech, reply, synthesis) cannot be split across the lanes.
     with pytest.raises(ValueError, match="chain"):
         split(scn.workload, frozenset({Priority.VOICE}))

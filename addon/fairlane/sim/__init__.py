@@ -67,16 +67,20 @@ def simulate(
     return Simulator(engine, CostModel(device), scn.workload, noise=noise, seed=seed).run()
 
 
-def split(workload: Workload, remote: frozenset[Priority]) -> tuple[Workload, Workload]:
-    """The work a remote lane takes (LLM jobs of the `remote` classes, as `remotes:` binds
-    them) and the rest, as two workloads. A chain of jobs (a voice turn's speech, reply and
-    synthesis; a summary's pieces and their reduction) must stay on one side."""
+def split(
+    workload: Workload,
+    remote: frozenset[Priority],
+    kinds: frozenset[Kind] = frozenset({Kind.LLM}),
+) -> tuple[Workload, Workload]:
+    """The work a remote lane takes (jobs of the `remote` classes and `kinds`, as `remotes:`
+    binds them) and the rest, as two workloads. A chain of jobs (a voice turn's speech, reply
+    and synthesis; a summary's pieces and their reduction) must stay on one side."""
 
     def is_remote(job: Job) -> bool:
-        side = job.kind is Kind.LLM and job.priority in remote
+        side = job.kind in kinds and job.priority in remote
         chain = job.then
         while chain is not None:
-            if (chain.kind is Kind.LLM and chain.priority in remote) != side:
+            if (chain.kind in kinds and chain.priority in remote) != side:
                 raise ValueError(f"a {job.group} chain would cross to the remote and back")
             chain = chain.then
         return side
@@ -104,12 +108,13 @@ def simulate_with_remote(
     remote_classes: frozenset[Priority] = frozenset({Priority.BACKGROUND}),
     noise: float = 0.05,
     seed: int = 0,
+    kinds: frozenset[Kind] = frozenset({Kind.LLM}),
 ) -> tuple[SimResult, SimResult]:
-    """Rule 10 as a what-if: the remote classes' LLM work on a second device (a remote engine
+    """Rule 10 as a what-if: the remote classes' work of `kinds` on a second device (a remote engine
     with `remote_profile`'s costs, scheduled by its own copy of the policy), the rest on the
     scenario's device. Returns the two devices' results: the local one's records are what
     the household feels, the remote's are the background work it took."""
-    local_work, remote_work = split(scn.workload, remote_classes)
+    local_work, remote_work = split(scn.workload, remote_classes, kinds)
     local = simulate(replace(scn, workload=local_work), policy, noise=noise, seed=seed)
     profile, _ = load_profile(remote_profile)
     engine = make_policy(policy, scn.config, CostModel(profile))
