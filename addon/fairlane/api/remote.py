@@ -1,6 +1,7 @@
-"""Chat completions and summaries on a remote lane (`remotes:` in the configuration).
+"""Chat completions, summaries and embeddings on a remote lane (`remotes:` in the
+configuration).
 
-The client's request is passed on as it came (less Fairlane's own fields), so the remote
+A chat request is passed on as it came (less Fairlane's own fields), so the remote
 renders it with its own model's template and honours tools and structured output itself; its
 stream is passed back chunk by chunk under this server's completion id. Admission, class
 order, fairness and the window are the lane's (`fairlane.remote`); the latencies go into the
@@ -39,7 +40,9 @@ def api_error(err: RemoteError) -> ApiError:
     headers = {} if err.retry_after_s is None else {
         "Retry-After": str(math.ceil(err.retry_after_s))
     }
-    kind = "invalid_request_error" if err.status < 500 and err.status != 429 else "server_error"
+    kind = "invalid_request_error" if err.status < 500 else "server_error"
+    if err.status == 429:
+        kind = "overloaded"  # as this server's own refusals
     return ApiError(err.status, err.message, kind=kind, code=err.code, headers=headers)
 
 
