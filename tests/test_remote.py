@@ -50,7 +50,7 @@ def test_an_open_breaker_refuses_at_once_and_fails_the_waiting() -> None:
             waiting = asyncio.ensure_future(lane.slot(_request("r2")).__aenter__())
             await asyncio.sleep(0)
             assert len(lane.queues[Priority.BACKGROUND]) == 1
-            lane._failed(RemoteError(502, "connection refused", "remote_failed"))
+            lane.count_failure(RemoteError(502, "connection refused", "remote_failed"))
             with pytest.raises(RemoteError) as err:
                 await waiting
             assert err.value.status == 503 and err.value.code == "remote_unavailable"
@@ -66,7 +66,7 @@ def test_a_probe_whose_client_left_lets_the_next_request_probe() -> None:
     async def run() -> None:
         clock = Clock()
         lane = _lane(clock, failures_to_open=1, open_s=5)
-        lane._failed(RemoteError(502, "down", "remote_failed"))
+        lane.count_failure(RemoteError(502, "down", "remote_failed"))
         clock.now = 6  # half-open: one request may go
         async with lane.slot(_request("probe")):
             assert lane.breaker.probing

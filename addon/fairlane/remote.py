@@ -251,7 +251,7 @@ class RemoteLane:
             retry_after_s=max(1.0, self.breaker.retry_after(now)),
         )
 
-    def _failed(self, error: RemoteError) -> RemoteError:
+    def count_failure(self, error: RemoteError) -> RemoteError:
         """Count a failure of the remote; when the breaker opens, every waiting request gets
         the error too (it would only wait for a remote that is down)."""
         self.failed += 1
@@ -308,14 +308,14 @@ class RemoteLane:
             yield
         except RemoteError as err:
             if err.status >= 500:
-                raise self._failed(err) from None
+                raise self.count_failure(err) from None
             raise
         except TimeoutError as err:
-            raise self._failed(RemoteError(
+            raise self.count_failure(RemoteError(
                 504, f"the remote engine {self.name!r} sent nothing for "
                      f"{self.config.timeout_s:.0f} s", "remote_timeout")) from err
         except (aiohttp.ClientError, OSError, ValueError, KeyError, TypeError) as err:
-            raise self._failed(RemoteError(
+            raise self.count_failure(RemoteError(
                 502, f"the remote engine {self.name!r} failed: {_describe(err)}",
                 "remote_failed")) from err
 

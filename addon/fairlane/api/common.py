@@ -234,7 +234,7 @@ class Services:
     data_lock: Any = None  # the data directory's lock file, held while the server runs
     # The long-running parts (indexer, summariser) and their health, for /health.
     components: dict[str, Component] = field(default_factory=dict)
-    # Lanes on other machines (`remotes:`), each serving some classes' LLM work.
+    # Lanes on other machines (`remotes:`), each serving some classes' LLM or embedding work.
     remotes: list[RemoteLane] = field(default_factory=list)
 
 

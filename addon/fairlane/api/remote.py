@@ -306,7 +306,7 @@ async def _check_same_vectors(
                        max(float(np.linalg.norm(here) * np.linalg.norm(there_v)), 1e-12))
     if cosine < SAME_VECTORS:
         # Counted against the breaker: the lane is misconfigured until its model is fixed.
-        raise lane._failed(RemoteError(
+        raise lane.count_failure(RemoteError(
             502, f"the remote engine {lane.name!r} embeds differently from this server "
                  f"(cosine {cosine:.2f} on a probe text, {there_v.shape[0]} against "
                  f"{here.shape[0]} dimensions): its vectors would not match the searches, "
