@@ -14,23 +14,45 @@ export FAIRLANE_LLAMA_SERVER ?= .bench/llama-server/bin/llama-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install run test lint typecheck typecheck-ha unit unit-ha chromium simulate bench tune \
-	soak overload clean
+	soak overload clean lock
 
-$(STAMP): pyproject.toml
+# Installs are exact: every package comes from a lock (locks/*.txt, each with its sha256),
+# installed without resolving; `make lock` refreshes the locks.
+PIP_EXACT := pip install -q --require-hashes --no-deps
+$(STAMP): pyproject.toml locks/server.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# The CPU build of torch first: an open range would fetch a multi-GB CUDA build.
-	$(BIN)/pip install -q torch==$(TORCH_CPU)
-	$(BIN)/pip install -q -e '.[dev]'
+	# The CPU build of torch first (the lock leaves torch out): a plain install would fetch a
+	# multi-GB CUDA build.
+	$(BIN)/pip install -q --no-deps torch==$(TORCH_CPU)
+	$(BIN)/$(PIP_EXACT) -r locks/server.txt
+	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip check
 	touch $(STAMP)
 
 install: $(STAMP)
 
-$(HA_STAMP): tests_ha/requirements.txt
+$(HA_STAMP): tests_ha/requirements.txt locks/ha.txt
 	PYENV_VERSION=3.13.0 python3.13 -m venv $(VENV_HA)
-	$(VENV_HA)/bin/pip install -q --upgrade pip
-	$(VENV_HA)/bin/pip install -q --ignore-requires-python -r tests_ha/requirements.txt
+	$(VENV_HA)/bin/$(PIP_EXACT) --ignore-requires-python -r locks/ha.txt
 	touch $(HA_STAMP)
+
+# Resolve the locks again from pyproject.toml and tests_ha/requirements.txt (the newest releases
+# their ranges allow, for Linux x86_64), pin the images to the same versions, and run every test
+# on what was resolved. Review the diff before committing it. torch's CPU build is resolved from
+# TORCH_LINKS so that its dependencies are the CPU build's.
+TORCH_LINKS ?= https://download.pytorch.org/whl/cpu/torch/
+UV_COMPILE = $(BIN)/uv pip compile -q --generate-hashes --custom-compile-command "make lock" --python-platform x86_64-manylinux_2_28 \
+	--index-url https://pypi.org/simple
+lock: install
+	echo "torch==$(TORCH_CPU)+cpu" > $(VENV)/torch-constraint.txt
+	$(UV_COMPILE) --python-version 3.11 --find-links $(TORCH_LINKS) \
+		-c $(VENV)/torch-constraint.txt --no-emit-package torch \
+		--extra dev pyproject.toml -o locks/server.txt
+	# Home Assistant 2026.2 asks for Python 3.13.2; its tests run on pyenv's 3.13.0.
+	$(UV_COMPILE) --python-version 3.13.2 tests_ha/requirements.txt -o locks/ha.txt
+	$(MAKE) install $(HA_STAMP)
+	$(BIN)/python scripts/lock-images.py
+	$(MAKE) test
 
 run: install
 	$(BIN)/fairlane serve $(ARGS)

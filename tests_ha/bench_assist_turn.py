@@ -16,10 +16,9 @@ from typing import Any
 
 from homeassistant.components import conversation
 from homeassistant.core import Context, HomeAssistant
-from homeassistant.helpers import chat_session
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from tests_ha.conftest import add_kitchen_light
+from tests_ha.conftest import add_kitchen_light, chat_session_of
 
 AGENT = "conversation.fairlane"
 ROUNDS = 4
@@ -34,7 +33,7 @@ async def _turn(hass: HomeAssistant, text: str) -> tuple[float, float, str]:
 
     start = time.perf_counter()
     with (
-        chat_session.async_get_chat_session(hass) as session,
+        chat_session_of(hass) as session,
         conversation.async_get_chat_log(hass, session, None, chat_log_delta_listener=listener),
     ):
         result = await conversation.async_converse(

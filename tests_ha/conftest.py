@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import subprocess
 import sys
@@ -11,16 +12,18 @@ import wave
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from homeassistant.components import conversation, stt
 from homeassistant.components.homeassistant.exposed_entities import async_expose_entity
 from homeassistant.config_entries import ConfigSubentry, ConfigSubentryData
 from homeassistant.const import CONF_HOST, CONF_LLM_HASS_API, CONF_PORT, CONF_TOKEN
-from homeassistant.core import HomeAssistant
+from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import area_registry as ar
+from homeassistant.helpers import chat_session, llm
+from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers import entity_registry as er
-from homeassistant.helpers import llm
 from homeassistant.setup import async_setup_component
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
@@ -66,22 +69,48 @@ async def add_kitchen_light(hass: HomeAssistant, name: str = "Kitchen light") ->
         hass, "input_boolean", {"input_boolean": {"kitchen_power": {"name": "Kitchen power"}}}
     )
     target = {"target": {"entity_id": "input_boolean.kitchen_power"}}
-    assert await async_setup_component(hass, "light", {"light": {
-        "platform": "template",
-        "lights": {slug: {
-            "unique_id": slug,
-            "friendly_name": name,
-            "value_template": "{{ is_state('input_boolean.kitchen_power', 'on') }}",
-            "turn_on": {"action": "input_boolean.turn_on", **target},
-            "turn_off": {"action": "input_boolean.turn_off", **target},
-        }},
-    }})
+    # The `template:` form (the `light: - platform: template` form is gone in 2026.11).
+    assert await async_setup_component(hass, "template", {"template": [{"light": [{
+        "unique_id": slug,
+        "name": name,
+        "state": "{{ is_state('input_boolean.kitchen_power', 'on') }}",
+        "turn_on": {"action": "input_boolean.turn_on", **target},
+        "turn_off": {"action": "input_boolean.turn_off", **target},
+    }]}]})
     await hass.async_block_till_done()
     entity_id = f"light.{slug}"
     kitchen = ar.async_get(hass).async_create("Kitchen")
     er.async_get(hass).async_update_entity(entity_id, area_id=kitchen.id)
     async_expose_entity(hass, conversation.DOMAIN, entity_id, True)
     return entity_id
+
+
+def chat_session_of(hass: HomeAssistant) -> contextlib.AbstractContextManager[Any]:
+    """A new chat session, as a person's turn opens one. Home Assistant 2026.11 refuses one
+    without a context; releases before 2026.10 take no context."""
+    parameters = inspect.signature(chat_session.async_get_chat_session).parameters
+    if "context" in parameters:
+        return chat_session.async_get_chat_session(hass, context=Context())
+    return chat_session.async_get_chat_session(hass)
+
+
+def device_of(hass: HomeAssistant, entry: MockConfigEntry, key: str) -> dr.DeviceEntry | None:
+    """The entry's device with the identifier (DOMAIN, key): the server's (the entry id) or a
+    subentry's. Looked up among the entry's devices (identifiers are unique per entry only
+    since 2026.11, which refuses `async_get_device` outside an integration)."""
+    return next(
+        (
+            device
+            for device in dr.async_entries_for_config_entry(dr.async_get(hass), entry.entry_id)
+            if (DOMAIN, key) in device.identifiers
+        ),
+        None,
+    )
+
+
+def tool_data(result: Any) -> Any:
+    """What a tool answered: an llm.ToolResult's data (2026.11 and later), else the JSON."""
+    return getattr(result, "data", result)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ from homeassistant.config_entries import ConfigEntryState
 from homeassistant.const import CONF_HOST, CONF_LLM_HASS_API, CONF_PORT, CONF_TOKEN
 from homeassistant.core import HomeAssistant
 from homeassistant.data_entry_flow import FlowResultType
-from homeassistant.helpers import device_registry as dr
 from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import llm
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
@@ -26,7 +25,7 @@ from custom_components.fairlane.const import (
     SUBENTRY_STT,
     SUBENTRY_TTS,
 )
-from tests_ha.conftest import RunningServer, fairlane_entry, subentry
+from tests_ha.conftest import RunningServer, device_of, fairlane_entry, subentry
 
 
 async def _instance_id(hass: HomeAssistant, server: RunningServer) -> str:
@@ -122,7 +121,7 @@ async def test_hassio_discovery_creates_the_entry_once(
     assert result["data"][CONF_ADDON_SLUG] == "fairlane"
     await hass.async_block_till_done()
     # The server's device links to the add-on's page.
-    server_device = dr.async_get(hass).async_get_device({(DOMAIN, entry.entry_id)})
+    server_device = device_of(hass, entry, entry.entry_id)
     assert server_device is not None
     assert server_device.configuration_url == "homeassistant://hassio/addon/fairlane/info"
 
@@ -257,14 +256,14 @@ async def test_subentries_add_a_second_agent_and_change_one(
     state = hass.states.get(kids_entity)
     assert state is not None and not state.attributes.get("supported_features")
     # Its own device, linked to the server's.
-    device = dr.async_get(hass).async_get_device({(DOMAIN, kids.subentry_id)})
-    server = dr.async_get(hass).async_get_device({(DOMAIN, entry.entry_id)})
+    device = device_of(hass, entry, kids.subentry_id)
+    server = device_of(hass, entry, entry.entry_id)
     assert device is not None and server is not None and device.via_device_id == server.id
 
     # Removed: its device and entity go with it; the other agent stays.
     assert hass.config_entries.async_remove_subentry(entry, kids.subentry_id)
     await hass.async_block_till_done()
-    assert dr.async_get(hass).async_get_device({(DOMAIN, kids.subentry_id)}) is None
+    assert device_of(hass, entry, kids.subentry_id) is None
     assert registry.async_get(kids_entity) is None
     assert hass.states.get("conversation.fairlane") is not None
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from homeassistant.components import conversation
 from homeassistant.core import Context, HomeAssistant
-from homeassistant.helpers import chat_session, intent
+from homeassistant.helpers import intent
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from tests_ha.conftest import add_kitchen_light
+from tests_ha.conftest import add_kitchen_light, chat_session_of
 
 AGENT = "conversation.fairlane"
 
@@ -23,7 +23,7 @@ async def test_a_turn_streams_a_real_reply(hass: HomeAssistant, entry: MockConfi
 
     # The voice pipeline listens to the chat log this way, to start speaking early.
     with (
-        chat_session.async_get_chat_session(hass) as session,
+        chat_session_of(hass) as session,
         conversation.async_get_chat_log(
             hass, session, None, chat_log_delta_listener=listener
         ),

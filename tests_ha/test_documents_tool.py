@@ -8,12 +8,12 @@ from typing import Any
 from homeassistant.components import conversation
 from homeassistant.const import CONF_LLM_HASS_API
 from homeassistant.core import Context, HomeAssistant
-from homeassistant.helpers import chat_session, llm
+from homeassistant.helpers import llm
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.fairlane.const import DOCUMENTS_API_ID, DOCUMENTS_API_NAME
 from custom_components.fairlane.llm_api import SearchDocumentsTool
-from tests_ha.conftest import set_agent
+from tests_ha.conftest import chat_session_of, set_agent, tool_data
 
 DOCUMENTS = {
     "Dishwasher warranty": "Warranty certificate for the Bosch dishwasher bought in March "
@@ -62,12 +62,12 @@ async def test_the_agent_answers_from_the_household_documents(
                        llm_context: llm.LLMContext) -> Any:
         calls.append(tool_input.tool_args)
         result = await original(self, hass, tool_input, llm_context)
-        searched.append(result.get("results", []))
+        searched.append(tool_data(result).get("results", []))
         return result
 
     SearchDocumentsTool.async_call = recorded  # type: ignore[method-assign]
     try:
-        with chat_session.async_get_chat_session(hass) as session:
+        with chat_session_of(hass) as session:
             result = await conversation.async_converse(
                 hass, "When does the dishwasher warranty end?", session.conversation_id,
                 Context(), agent_id="conversation.fairlane",
@@ -87,7 +87,7 @@ async def test_a_command_is_not_searched_for(hass: HomeAssistant, entry: MockCon
     await _index(entry)
     await set_agent(hass, entry, **{CONF_LLM_HASS_API: [llm.LLM_API_ASSIST, DOCUMENTS_API_ID]})
     with (
-        chat_session.async_get_chat_session(hass) as session,
+        chat_session_of(hass) as session,
         conversation.async_get_chat_log(hass, session) as chat_log,
     ):
         await conversation.async_converse(

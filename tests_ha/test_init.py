@@ -26,7 +26,7 @@ from custom_components.fairlane.client import (
 )
 from custom_components.fairlane.const import DOMAIN
 from custom_components.fairlane.sensor import SENSORS
-from tests_ha.conftest import fairlane_entry
+from tests_ha.conftest import device_of, fairlane_entry
 
 
 def _entity_ids(hass: HomeAssistant, entry: MockConfigEntry) -> dict[str, str]:
@@ -44,7 +44,7 @@ async def test_setup_makes_the_server_and_a_device_per_subentry_and_unloads(
 ) -> None:
     assert entry.state is ConfigEntryState.LOADED
     devices = dr.async_get(hass)
-    server = devices.async_get_device({(DOMAIN, entry.entry_id)})
+    server = device_of(hass, entry, entry.entry_id)
     assert server is not None
     assert server.manufacturer == "Fairlane" and server.sw_version == "0.1.0"
     assert server.model and "qwen" in server.model.lower()

@@ -24,7 +24,7 @@ from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import intent
 
 from custom_components.fairlane.const import DOMAIN
-from tests_ha.conftest import fairlane_entry
+from tests_ha.conftest import fairlane_entry, tool_data
 
 HEALTH = {"status": "ok", "version": "0.1.0", "instance_id": "f" * 32, "policy": "fairlane",
           "models": {"llm": "model", "stt": None, "tts": None}, "wyoming_port": None}
@@ -297,17 +297,17 @@ async def test_the_document_search_tool_reports_failures_and_empty_results(
     tool = SearchDocumentsTool([entry.runtime_data.client])
     context = llm.LLMContext(platform=DOMAIN, context=None, language="en", assistant=None,
                              device_id=None)
-    assert "error" in await tool.async_call(
+    assert "error" in tool_data(await tool.async_call(
         hass, llm.ToolInput(tool_name=tool.name, tool_args={"query": " "}), context
-    )
+    ))
     with pytest.raises(HomeAssistantError, match="document search failed"):
         # This server has no document index (404).
         await tool.async_call(
             hass, llm.ToolInput(tool_name=tool.name, tool_args={"query": "boiler"}), context
         )
-    assert await SearchDocumentsTool([]).async_call(
+    assert tool_data(await SearchDocumentsTool([]).async_call(
         hass, llm.ToolInput(tool_name=tool.name, tool_args={"query": "boiler"}), context
-    ) == {"results": [], "note": "nothing in the household documents matches"}
+    )) == {"results": [], "note": "nothing in the household documents matches"}
 
 
 async def test_an_agent_whose_api_went_away_says_so(

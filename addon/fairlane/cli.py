@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from fairlane import __version__
+from fairlane import __version__, host
 from fairlane.policy import POLICIES
 
 
@@ -124,6 +124,11 @@ def _bench(args: argparse.Namespace) -> int:
             backoff=not args.no_backoff,
         )
         print(overload.format_summary(args.what, result))
+    elif args.what == "busy-host":
+        from fairlane.bench.busy_host import TARGETS, busy_host
+
+        targets = (args.targets or ",".join(TARGETS)).split(",")
+        result = busy_host(Path(args.fixtures), targets, args.rounds)
     elif args.what == "throughput":
         result = llm.throughput(args.streams, threads, args.max_tokens, args.rounds)
     else:
@@ -335,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
             "voice",
             "overload",
             "soak",
+            "busy-host",
         ],
     )
     bench.add_argument(
@@ -401,7 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--targets",
         help="family: servers, comma-separated (default fairlane,fcfs,separate); voice: "
-        "`separate` measures Fairlane against wyoming-piper (default fairlane)",
+        "`separate` measures Fairlane against wyoming-piper (default fairlane); busy-host: "
+        "spin10k,spin300k,passive,threads1 (default all)",
     )
     bench.add_argument(
         "--phases", default="interactive,background,mixed", help="family: phases, comma-separated"
@@ -437,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    host.configure()  # before any engine's native library loads
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -7,6 +7,7 @@ Every key has a default; the README's table lists them. Errors name the key and 
 from __future__ import annotations
 
 import copy
+import ipaddress
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -188,6 +189,13 @@ TTS_SCHEMA = vol.Schema(
     extra=vol.PREVENT_EXTRA,
 )
 
+def _network(value: Any) -> str:
+    try:
+        return str(ipaddress.ip_network(str(value), strict=False))
+    except ValueError as err:
+        raise vol.Invalid(f"not an address or network: {value!r}") from err
+
+
 WYOMING_SCHEMA = vol.Schema(
     {
         vol.Optional("enabled", default=True): bool,
@@ -199,6 +207,14 @@ WYOMING_SCHEMA = vol.Schema(
         # or pipeline uses one per utterance), each served at this class at most.
         vol.Optional("max_connections", default=8): _count(1),
         vol.Optional("max_class", default="voice"): vol.In(CLASS_NAMES),
+        # A connection with no event for this long is closed (its first event: 5 s at most),
+        # so idle connections cannot hold every slot.
+        vol.Optional("idle_timeout_s", default=30.0): vol.All(
+            vol.Coerce(float), vol.Range(min=1.0, max=3600.0)
+        ),
+        # The addresses or networks that may connect (e.g. [172.30.32.0/23, 192.168.1.20]);
+        # empty: any. Wyoming has no credentials, so beyond loopback this is its access control.
+        vol.Optional("clients", default=[]): [_network],
     },
     extra=vol.PREVENT_EXTRA,
 )
@@ -361,6 +377,8 @@ class WyomingConfig:
     early_transcript: bool = True
     max_connections: int = 8
     max_class: str = "voice"
+    idle_timeout_s: float = 30.0
+    clients: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -464,7 +482,9 @@ def parse(data: dict[str, Any] | None) -> Config:
         llm=LlmConfig(**valid["llm"]),
         stt=SttConfig(**valid["stt"]),
         tts=TtsConfig(**valid["tts"]),
-        wyoming=WyomingConfig(**valid["wyoming"]),
+        wyoming=WyomingConfig(
+            **{**valid["wyoming"], "clients": tuple(valid["wyoming"]["clients"])}
+        ),
         embed=EmbedConfig(**valid["embed"]),
         remotes=tuple(
             RemoteConfig(**{**r, "classes": tuple(r["classes"]), "kinds": tuple(r["kinds"])})

@@ -506,12 +506,22 @@ async def _start_wyoming(app: web.Application) -> None:
         early=svc.config.wyoming.early_transcript,
         max_connections=svc.config.wyoming.max_connections,
         priority=Priority.parse(svc.config.wyoming.max_class),
+        idle_timeout_s=svc.config.wyoming.idle_timeout_s,
+        clients=wyoming_server.networks(svc.config.wyoming.clients),
     )
     svc.wyoming = services
     server = await wyoming_server.start(services, host, svc.config.wyoming.port)
     svc.wyoming_port = wyoming_server.bound_port(server)
     app[WYOMING] = server
-    _LOGGER.info("Wyoming on tcp://%s:%d (no authentication)", host, svc.wyoming_port)
+    if services.clients:
+        _LOGGER.info("Wyoming on tcp://%s:%d for %s", host, svc.wyoming_port,
+                     ", ".join(svc.config.wyoming.clients))
+    elif wyoming_server.beyond_loopback(host):
+        _LOGGER.warning(
+            "Wyoming on tcp://%s:%d has no credentials and takes any client: list the ones "
+            "that may connect in wyoming.clients", host, svc.wyoming_port)
+    else:
+        _LOGGER.info("Wyoming on tcp://%s:%d (loopback only)", host, svc.wyoming_port)
 
 
 async def _stop_wyoming(app: web.Application) -> None:

@@ -26,14 +26,18 @@ Utterances and sentences go through the same device loop as HTTP requests, as `v
 (`wyoming.max_class` may lower that). Wyoming has no authentication: bind it to a trusted
 interface only. So that no client on that interface can take the device, the server bounds
 what one connection may bring: `wyoming.max_connections` at once, an event header of 64 KiB,
-its data of 64 KiB, a payload of 1 MiB, and an utterance of MAX_DECODE_S seconds. Anything
-malformed or over a bound gets an `error` event, and the connection is closed.
+its data of 64 KiB, a payload of 1 MiB, audio of a sample rate, width and channel count a
+microphone has (checked before any conversion), an utterance of MAX_DECODE_S seconds, and
+`wyoming.idle_timeout_s` between events (FIRST_EVENT_S before the first), so that idle
+connections cannot hold every slot. Anything malformed or over a bound gets an `error` event,
+and the connection is closed. `wyoming.clients` lists the addresses that may connect at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -83,6 +87,9 @@ class SpeechService:
     model_name: str
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
 @dataclass
 class WyomingServices:
     speech: SpeechService | None
@@ -91,7 +98,22 @@ class WyomingServices:
     early: bool = True
     max_connections: int = 8
     priority: Priority = Priority.VOICE  # the class of every Wyoming request
+    idle_timeout_s: float = 30.0
+    clients: tuple[Network, ...] = ()  # empty: any address
     connections: int = 0
+
+
+
+def networks(texts: tuple[str, ...]) -> tuple[Network, ...]:
+    return tuple(ipaddress.ip_network(text, strict=False) for text in texts)
+
+
+def beyond_loopback(host: str) -> bool:
+    """Whether a server bound to `host` can be reached from other machines."""
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host != "localhost"  # a name, or "" / "0.0.0.0"-like: assume it is reachable
 
 
 class BadEvent(Exception):
@@ -103,6 +125,10 @@ MAX_DATA_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_UTTERANCE_BYTES = int(MAX_DECODE_S * SAMPLE_RATE * 2)
 MAX_TEXT_CHARS = 100_000  # a streamed synthesis's text
+RATES = range(8_000, 96_001)  # the sample rates of real microphones, in Hz
+WIDTHS = (1, 2, 4)  # bytes per sample
+MAX_CHANNELS = 8
+FIRST_EVENT_S = 5.0  # a real client speaks at once (describe, transcribe, synthesize…)
 
 
 async def read_event(reader: asyncio.StreamReader) -> Event | None:
@@ -224,6 +250,10 @@ class WyomingHandler(AsyncEventHandler):
         """Events until the conversation ends, the client leaves or sends something malformed
         (then it gets an `error` event); the connection is always closed at the end."""
         services = self.services
+        if not self._allowed():
+            await self._error("this address may not use the Wyoming server", "Forbidden")
+            await self._close()
+            return
         if services.connections >= services.max_connections:
             await self._error(
                 f"busy: {services.max_connections} Wyoming connections are open", "Busy"
@@ -231,11 +261,18 @@ class WyomingHandler(AsyncEventHandler):
             await self._close()
             return
         services.connections += 1
+        wait = min(FIRST_EVENT_S, services.idle_timeout_s)
         try:
             while True:
-                event = await read_event(self.reader)
+                try:
+                    async with asyncio.timeout(wait):
+                        event = await read_event(self.reader)
+                except TimeoutError:
+                    await self._error(f"no event for {wait:g} s: the connection is closed", "Idle")
+                    break
                 if event is None or not await self.handle_event(event):
                     break
+                wait = services.idle_timeout_s
         except BadEvent as err:
             await self._error(str(err), "BadEvent")
         except (KeyError, TypeError, ValueError) as err:  # an event whose fields are wrong
@@ -247,6 +284,16 @@ class WyomingHandler(AsyncEventHandler):
             services.connections -= 1
             await self.disconnect()
             await self._close()
+
+    def _allowed(self) -> bool:
+        if not self.services.clients:
+            return True
+        peer = self.writer.get_extra_info("peername")
+        try:
+            address = ipaddress.ip_address(peer[0])
+        except (TypeError, IndexError, ValueError):
+            return False
+        return any(address in network for network in self.services.clients)
 
     async def _error(self, text: str, code: str) -> None:
         with contextlib.suppress(ConnectionError, RuntimeError):
@@ -267,13 +314,20 @@ class WyomingHandler(AsyncEventHandler):
             self.language = Transcribe.from_event(event).language
             return True
         if AudioStart.is_type(event.type):
+            start = AudioStart.from_event(event)
+            _check_format(start.rate, start.width, start.channels)
             self.audio.clear()
             self.pause = PauseDetector()
             return True
         if AudioChunk.is_type(event.type):
-            chunk = self.converter.convert(AudioChunk.from_event(event)).audio
-            if len(self.audio) + len(chunk) > MAX_UTTERANCE_BYTES:
+            audio = AudioChunk.from_event(event)
+            # Checked before converting: resampling from a rate of 1 Hz makes 16,000 samples
+            # of every one it is given.
+            _check_format(audio.rate, audio.width, audio.channels)
+            seconds = len(audio.audio) / (audio.rate * audio.width * audio.channels)
+            if len(self.audio) + seconds * SAMPLE_RATE * 2 > MAX_UTTERANCE_BYTES + 2:
                 raise BadEvent(f"an utterance longer than {MAX_DECODE_S:.0f} s")
+            chunk = self.converter.convert(audio).audio
             self.audio += chunk
             self._listen(chunk)
             return True
@@ -465,6 +519,16 @@ def _consume(task: asyncio.Task[TranscriptEvent]) -> None:
     """An early transcript nobody awaited (speech resumed, or the client left)."""
     if not task.cancelled():
         task.exception()
+
+
+def _check_format(rate: Any, width: Any, channels: Any) -> None:
+    """BadEvent unless the audio's format is one a microphone has."""
+    if not (isinstance(rate, int) and rate in RATES):
+        raise BadEvent(f"a sample rate of {RATES.start}-{RATES.stop - 1} Hz, not {rate!r}")
+    if width not in WIDTHS:
+        raise BadEvent(f"a sample width of 1, 2 or 4 bytes, not {width!r}")
+    if not (isinstance(channels, int) and 1 <= channels <= MAX_CHANNELS):
+        raise BadEvent(f"1-{MAX_CHANNELS} channels, not {channels!r}")
 
 
 def _is_synthesis(event: Event) -> bool:

@@ -89,7 +89,10 @@ async def async_setup_entry(hass: HomeAssistant, entry: FairlaneConfigEntry) -> 
     await coordinator.async_config_entry_first_refresh()
     entry.runtime_data = FairlaneData(client, info, coordinator)
     # The server's device first: each subentry's device names it as the one it is served by.
-    dr.async_get(hass).async_get_or_create(config_entry_id=entry.entry_id, **device_info(entry))
+    server = dr.async_get(hass).async_get_or_create(
+        config_entry_id=entry.entry_id, **device_info(entry)
+    )
+    entry.runtime_data.device_id = server.id
     await hass.config_entries.async_forward_entry_setups(entry, PLATFORMS)
     # A subentry added, changed or removed: load the entities anew.
     entry.async_on_unload(entry.add_update_listener(_async_reload))

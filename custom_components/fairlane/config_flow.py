@@ -13,9 +13,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import voluptuous as vol
 from homeassistant.config_entries import (
+    SOURCE_RECONFIGURE,
     SOURCE_USER,
+    ConfigEntry,
     ConfigEntryState,
     ConfigFlow,
     ConfigFlowResult,
@@ -70,6 +71,7 @@ from .const import (
     SUBENTRY_TTS,
 )
 from .coordinator import FairlaneConfigEntry
+from .schema import vol
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -138,9 +140,7 @@ class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
             if info.instance_id:
                 await self.async_set_unique_id(info.instance_id)
                 # The same server at a new address: that entry follows it.
-                self._abort_if_unique_id_configured(
-                    updates={CONF_HOST: data[CONF_HOST], CONF_PORT: data[CONF_PORT]}
-                )
+                self._follow_server({CONF_HOST: data[CONF_HOST], CONF_PORT: data[CONF_PORT]})
             self._async_abort_entries_match(
                 {CONF_HOST: data[CONF_HOST], CONF_PORT: data[CONF_PORT]}
             )
@@ -149,6 +149,32 @@ class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
             step_id="user",
             data_schema=self.add_suggested_values_to_schema(_server_schema(), user_input or {}),
             errors=errors,
+        )
+
+    # A loaded entry reloads itself when its data changes (its update listener, which also
+    # reloads it for subentry changes); Home Assistant 2026.12 refuses a flow that reloads such
+    # an entry as well. An entry that is not loaded has no listener: the flow reloads it.
+
+    def _follow_server(self, updates: dict[str, Any]) -> None:
+        """Abort when this server has an entry, moving that entry to `updates` (its address
+        and token) first."""
+        known = (
+            self.hass.config_entries.async_entry_for_domain_unique_id(DOMAIN, self.unique_id)
+            if self.unique_id
+            else None
+        )
+        reload_here = known is not None and not known.update_listeners
+        self._abort_if_unique_id_configured(updates=updates, reload_on_update=reload_here)
+
+    def _update_and_abort(self, entry: ConfigEntry, data: dict[str, Any]) -> ConfigFlowResult:
+        """Store the entry's new data and reload it (reauth, reconfigure)."""
+        listened = bool(entry.update_listeners)
+        if not self.hass.config_entries.async_update_entry(entry, data=data) or not listened:
+            # Unchanged, or not loaded: no listener will reload it.
+            self.hass.config_entries.async_schedule_reload(entry.entry_id)
+        reconfigure = self.source == SOURCE_RECONFIGURE
+        return self.async_abort(
+            reason="reconfigure_successful" if reconfigure else "reauth_successful"
         )
 
     def _create(self, title: str, data: dict[str, Any], info: ServerInfo) -> ConfigFlowResult:
@@ -186,7 +212,7 @@ class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
         # Known by the server's id: only the add-on's own entry is updated, never an entry
         # that was reconfigured to another server.
         await self.async_set_unique_id(info.instance_id or discovery_info.uuid)
-        self._abort_if_unique_id_configured(updates=self._discovered)
+        self._follow_server(self._discovered)
         # An entry at this very address that has no id yet (from before servers had one; it
         # takes the id when it next loads) is this server too: no second entry for it.
         self._async_abort_entries_match(
@@ -219,7 +245,7 @@ class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
             info, errors = await self._validate(data)
             if info is not None:
                 await self._same_server(info)
-                return self.async_update_reload_and_abort(entry, data=data)
+                return self._update_and_abort(entry, data)
         return self.async_show_form(
             step_id="reauth_confirm",
             data_schema=vol.Schema({vol.Required(CONF_TOKEN): TOKEN_SELECTOR}),
@@ -235,7 +261,7 @@ class FairlaneConfigFlow(ConfigFlow, domain=DOMAIN):
         data, info, errors = await self._server_form(user_input)
         if data is not None and info is not None:
             await self._same_server(info)
-            return self.async_update_reload_and_abort(entry, data={**entry.data, **data})
+            return self._update_and_abort(entry, {**entry.data, **data})
         schema = _server_schema(entry.data[CONF_HOST], entry.data[CONF_PORT])
         return self.async_show_form(
             step_id="reconfigure",

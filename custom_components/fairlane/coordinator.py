@@ -24,6 +24,7 @@ class FairlaneData:
     client: FairlaneClient
     info: ServerInfo
     coordinator: FairlaneCoordinator
+    device_id: str = ""  # the server's device in the registry, which subentries' devices name
 
 
 type FairlaneConfigEntry = ConfigEntry[FairlaneData]

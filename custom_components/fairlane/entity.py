@@ -7,9 +7,8 @@ import json
 import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
-import voluptuous as vol
 from homeassistant.components import conversation
 from homeassistant.config_entries import ConfigSubentry
 from homeassistant.core import HomeAssistant
@@ -36,7 +35,7 @@ from .const import (
 )
 from .coordinator import FairlaneConfigEntry, FairlaneCoordinator
 from .llm_api import documents_tool, lane_of
-from .schema import to_json_schema
+from .schema import to_json_schema, vol
 from .tool_args import repair_args
 
 _LOGGER = logging.getLogger(__name__)
@@ -65,15 +64,33 @@ def subentry_device_info(
     entry: FairlaneConfigEntry, subentry: ConfigSubentry, model: str | None
 ) -> dr.DeviceInfo:
     """A subentry's own device (an agent, the AI task, the voice), served by the server."""
-    return dr.DeviceInfo(
-        identifiers={(DOMAIN, subentry.subentry_id)},
-        name=subentry.title,
-        manufacturer=DEFAULT_NAME,
-        model=model or None,
-        sw_version=entry.runtime_data.info.version,
-        entry_type=dr.DeviceEntryType.SERVICE,
-        via_device=(DOMAIN, entry.entry_id),
-    )
+    fields: dict[str, Any] = {
+        "identifiers": {(DOMAIN, subentry.subentry_id)},
+        "name": subentry.title,
+        "manufacturer": DEFAULT_NAME,
+        "model": model or None,
+        "sw_version": entry.runtime_data.info.version,
+        "entry_type": dr.DeviceEntryType.SERVICE,
+        **_served_by(entry),
+    }
+    # A TypedDict before 2026.11, a dataclass since: the same keywords make either.
+    info: dr.DeviceInfo = cast(Any, dr.DeviceInfo)(**fields)
+    return info
+
+
+# Home Assistant 2026.8 names a parent device by its registry id (`via_device` is deprecated,
+# and removed in 2027.8); releases before know only `via_device`.
+_VIA_DEVICE_ID = "via_device_id" in (
+    getattr(dr.DeviceInfo, "__dataclass_fields__", None)  # a dataclass since 2026.11
+    or getattr(dr.DeviceInfo, "__annotations__", {})  # a TypedDict before
+)
+
+
+def _served_by(entry: FairlaneConfigEntry) -> dict[str, Any]:
+    """The link from a subentry's device to the server's, as this release spells it."""
+    if _VIA_DEVICE_ID:
+        return {"via_device_id": entry.runtime_data.device_id}
+    return {"via_device": (DOMAIN, entry.entry_id)}
 
 
 class FairlaneEntity(CoordinatorEntity[FairlaneCoordinator]):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import voluptuous as vol
 from homeassistant.core import HomeAssistant
 from homeassistant.exceptions import HomeAssistantError
 from homeassistant.helpers import llm
@@ -26,6 +25,7 @@ from homeassistant.util.json import JsonObjectType
 
 from .client import FairlaneClient, FairlaneError
 from .const import DOCUMENTS_API_ID, DOCUMENTS_API_NAME, DOCUMENTS_TOP_K, DOMAIN
+from .schema import vol
 
 PROMPT = (
     "You know nothing about this household's things (appliances, warranties, manuals, "
@@ -44,6 +44,7 @@ class SearchDocumentsTool(llm.Tool):
     """Search the household documents indexed on the Fairlane server."""
 
     name = "search_household_documents"
+    integration = DOMAIN  # 2026.11 asks each tool for the integration that provides it
     description = (
         "Search the household's documents (manuals, warranties, letters, notes) and return the "
         "passages that best answer the query, with the title of each document."
@@ -73,20 +74,31 @@ class SearchDocumentsTool(llm.Tool):
 
     async def async_call(
         self, hass: HomeAssistant, tool_input: llm.ToolInput, llm_context: llm.LLMContext
-    ) -> JsonObjectType:
+    ) -> Any:
         query = str(tool_input.tool_args.get("query") or "").strip()
         if not query:
-            return {"error": "give a query: what to look for"}
+            return tool_answer({"error": "give a query: what to look for"}, error=True)
         hits = await self.search(query, lane_of(llm_context))
         results: list[Any] = [
             {"document": str(hit.get("title") or "untitled"), "passage": str(hit.get("text", ""))}
             for hit in hits
         ]
         if not results:
-            return {"results": [], "note": "nothing in the household documents matches"}
+            nothing = "nothing in the household documents matches"
+            return tool_answer({"results": [], "note": nothing})
         # Said with the passages, the model answers from them; without it, the default
         # 0.5B model searched again in 4 runs of 4 (docs/benchmarks.md).
-        return {"results": results, "instructions": ANSWER_FROM_PASSAGES}
+        return tool_answer({"results": results, "instructions": ANSWER_FROM_PASSAGES})
+
+
+# Home Assistant 2026.11 wraps a tool's answer in llm.ToolResult (plain JSON is deprecated,
+# refused from 2027.11); releases before take the JSON itself.
+_TOOL_RESULT: Any = getattr(llm, "ToolResult", None)
+
+
+def tool_answer(data: JsonObjectType, error: bool = False) -> Any:
+    """A tool's answer, as this release takes it."""
+    return data if _TOOL_RESULT is None else _TOOL_RESULT(data=data, error=error)
 
 
 def lane_of(llm_context: llm.LLMContext) -> str:

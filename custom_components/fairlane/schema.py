@@ -10,8 +10,20 @@ before it is needed.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+# `vol` for the integration's own schemas. At run time it is `import voluptuous` (probatio's
+# shim where core has moved). For the type checker it is the library core's signatures name:
+# probatio for the releases on Python 3.14 this is checked against (2026.9 and later),
+# voluptuous for 2026.2 on Python 3.13.
+if TYPE_CHECKING and sys.version_info >= (3, 14):
+    import probatio as vol
+else:
+    import voluptuous as vol
+
+__all__ = ["built_by_probatio", "to_json_schema", "vol"]
 
 
 def built_by_probatio(schema: Any) -> bool:

@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 from typing import Any, cast
 
-import voluptuous as vol
 from homeassistant.config_entries import ConfigEntryState
 from homeassistant.core import HomeAssistant, ServiceCall, ServiceResponse, SupportsResponse
 from homeassistant.exceptions import HomeAssistantError, ServiceValidationError
@@ -24,6 +23,7 @@ from .const import (
     SUMMARY_POLL_S,
 )
 from .coordinator import FairlaneConfigEntry
+from .schema import vol
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -47,4 +47,4 @@ def test_onnx_export_matches_sentence_transformers(cache) -> None:
     # Same nearest neighbours among the texts, whichever backend.
     assert (np.argsort(-(int8 @ int8.T), axis=1)[:, 1]
             == np.argsort(-(reference @ reference.T), axis=1)[:, 1]).all()
-    assert len(list(cache.glob("onnx-*/model-int8.onnx"))) == 1  # exported once, cached
+    assert len(list(cache.glob("onnx-*/model-int8-7bit.onnx"))) == 1  # exported once, cached

@@ -68,6 +68,38 @@ def test_a_schema_llama_cpp_cannot_convert_is_a_400(server: BackgroundServer) ->
     assert reply["error"]["param"] == "response_format.json_schema"
 
 
+@pytest.mark.parametrize(("schema", "words"), [
+    # Each killed the server (SIGSEGV in llama.cpp's grammar), took all its memory, or was a
+    # 500 before.
+    ({"type": "string", "maxLength": 100_000}, "`maxLength` is 100000; at most 500"),
+    ({"type": "array", "items": {"type": "string"}, "maxItems": 100_000}, "`maxItems` is 100000"),
+    ({"type": "array", "items": {"type": "string"}, "minItems": 1_000_000_000}, "`minItems`"),
+    ({"type": "string", "pattern": "^a{100000}$"}, "`pattern` repeats 100000 times"),
+    ({"type": "string", "maxLength": 10_000}, "`maxLength` is 10000"),
+    ({"enum": []}, "`enum` must list at least one value"),
+])
+def test_a_response_schema_over_a_limit_is_a_400_and_the_server_lives(
+        server: BackgroundServer, schema: dict[str, Any], words: str) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    status, reply = send(server, "POST", CHAT, json.dumps(body).encode())
+    assert_refused(status, reply, 400, words)
+    assert reply["error"]["param"] == "response_format.json_schema"
+    assert send(server, "GET", "/health")[0] == 200
+
+
+def test_a_response_schema_at_the_limits_is_served(server: BackgroundServer) -> None:
+    schema = {"type": "object", "required": ["names"], "properties": {"names": {
+        "type": "array", "maxItems": 500,
+        "items": {"type": "string", "maxLength": 500, "pattern": "^[a-z]{1,500}$"}}}}
+    body = {"messages": [{"role": "user", "content": "Name three fruits."}], "max_tokens": 12,
+            "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    status, reply = send(server, "POST", CHAT, json.dumps(body).encode())
+    assert status == 200, reply
+    assert reply["choices"][0]["message"]["content"].startswith('{')
+
+
 @pytest.mark.parametrize(("method", "path"), [
     ("GET", "/v1/models"), ("GET", "/v1/stats"), ("POST", CHAT), ("POST", "/v1/embeddings"),
     ("POST", "/v1/documents"),
@@ -176,7 +208,16 @@ def _event(kind: str, data: dict[str, Any] | None = None, payload: bytes = b"") 
       _event("audio-chunk", {"width": 2}, b"\0" * 320)], "malformed event"),
     ([_event("audio-start", {"rate": 16000, "width": 2, "channels": 1}),
       _event("audio-chunk", {"rate": 16000, "width": 5, "channels": 1}, b"\0" * 320)],
-     "could not be handled"),
+     "a sample width of 1, 2 or 4 bytes"),
+    # Resampled from 1 Hz, 1 MiB became 32 GB of audio: refused before any work.
+    ([_event("audio-start", {"rate": 1, "width": 2, "channels": 1})], "a sample rate of"),
+    ([_event("audio-start", {"rate": 16000, "width": 2, "channels": 1}),
+      _event("audio-chunk", {"rate": 1, "width": 2, "channels": 1}, b"\0" * 1_048_576)],
+     "a sample rate of 8000-96000 Hz, not 1"),
+    ([_event("audio-start", {"rate": 16000, "width": 2, "channels": 1}),
+      _event("audio-chunk", {"rate": 10, "width": 2, "channels": 1}, b"\0" * 1_048_576)],
+     "not 10"),
+    ([_event("audio-start", {"rate": 16000, "width": 2, "channels": 0})], "1-8 channels"),
 ])
 def test_a_malformed_wyoming_event_gets_an_error_and_a_closed_connection(
         server: BackgroundServer, sent: list[bytes], words: str) -> None:
@@ -224,6 +265,32 @@ def test_wyoming_connections_beyond_the_limit_are_told_busy(server: BackgroundSe
     events, closed, again = asyncio.run(scenario())
     assert closed and [e["type"] for e in events] == ["error"], events
     assert "busy" in events[0]["data"]["text"]
+    assert again["type"] == "info"
+
+
+def test_idle_wyoming_connections_are_closed_and_free_their_slots(
+        server: BackgroundServer) -> None:
+    """Connections that never send an event once held every slot, and each real client was
+    told busy, for as long as they stayed open. Now each is closed with an error after
+    FIRST_EVENT_S; then a real client is served."""
+    port = server.services.wyoming_port
+    limit = server.services.config.wyoming.max_connections
+
+    async def scenario() -> tuple[list[bytes], dict[str, Any]]:
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(limit)]
+        told = []
+        async with asyncio.timeout(60):
+            for reader, writer in idle:  # nothing sent: the server says why, and closes
+                told.append(await reader.readline())
+                await reader.read()  # the rest of the event, then the end: it was closed
+                writer.close()
+            while server.services.wyoming.connections:  # type: ignore[union-attr]
+                await asyncio.sleep(0.05)
+        again, _ = await _wyoming_reply(port, [_event("describe")], most=1)
+        return told, again[0]
+
+    told, again = asyncio.run(scenario())
+    assert all(json.loads(line)["type"] == "error" for line in told)
     assert again["type"] == "info"
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import voluptuous as vol
 from aiohttp import web
-from llama_cpp import llama_grammar
 
 from fairlane.api.common import (
     PRIORITY_NAMES,
@@ -32,6 +31,7 @@ from fairlane.api.common import (
     validate,
 )
 from fairlane.api.remote import lane_for, remote_chat, remote_generate
+from fairlane.api.response_format import output_grammar
 from fairlane.chat import ChatTemplateError, may_be_tool_call, parse_tool_calls
 from fairlane.documents import DocumentError, extract_text
 from fairlane.engines.llm import (
@@ -217,22 +217,6 @@ def _file_text(name: str, data: bytes, content_type: str, where: str) -> str:
     return f"[File: {name}]\n{text}"
 
 
-def _output_grammar(response_format: dict[str, Any] | None) -> str | None:
-    """JSON mode: the GBNF grammar that constrains sampling to the asked-for JSON."""
-    if not response_format or response_format["type"] == "text":
-        return None
-    if response_format["type"] == "json_object":
-        return llama_grammar.JSON_GBNF
-    schema = response_format["json_schema"]["schema"]
-    try:
-        return str(llama_grammar.json_schema_to_gbnf(json.dumps(schema)))
-    except (ValueError, KeyError, TypeError, RecursionError, AssertionError, IndexError) as err:
-        # llama.cpp's converter asserts what it cannot do (a `pattern` without ^…$, …).
-        raise ApiError(
-            400, f"unsupported JSON schema: {err}", param="response_format.json_schema"
-        ) from err
-
-
 @dataclass
 class _Turn:
     """One chat completion in flight: its id, queue of token events and measurements."""
@@ -301,7 +285,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         top_k=body.get("top_k") or 0,
         seed=body.get("seed"),
         stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
-        grammar=_output_grammar(body.get("response_format")),
+        grammar=output_grammar(body.get("response_format"), svc.engine.grammar_parses),
     )
     turn = _Turn(f"chatcmpl-{uuid.uuid4().hex}", asyncio.Queue(), len(prompt))
     loop = asyncio.get_running_loop()

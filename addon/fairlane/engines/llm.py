@@ -350,6 +350,14 @@ class LlamaEngine:
         self.cache.remove(entry)
         self.cache_ids.append(entry.seq_id)
 
+    def grammar_parses(self, grammar: str) -> bool:
+        """Whether llama.cpp accepts this GBNF grammar (rule `root`) for this model's vocabulary."""
+        sampler = lc.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+        if not sampler:
+            return False
+        lc.llama_sampler_free(sampler)
+        return True
+
     def _sampler(self, params: SamplingParams) -> Any:
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         if params.grammar is not None:
@@ -357,7 +365,7 @@ class LlamaEngine:
             grammar = lc.llama_sampler_init_grammar(self.vocab, params.grammar.encode(), b"root")
             if not grammar:
                 lc.llama_sampler_free(chain)
-                raise ValueError("the output grammar does not parse")
+                raise EngineError("the output grammar does not parse")
             lc.llama_sampler_chain_add(chain, grammar)
         if params.temperature <= 0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())

@@ -45,9 +45,17 @@ class TextError(ValueError):
 
 # --- text normalisation --------------------------------------------------------------------
 
+MAX_NUMBER_DIGITS = 12  # up to hundreds of billions in words; longer numbers digit by digit
+
+
 def _decimal(match: re.Match[str]) -> str:
     whole, _, fraction = match.group(0).replace(",", "").partition(".")
-    spoken = number_words(int(whole)) if whole else "zero"
+    if len(whole) > MAX_NUMBER_DIGITS:
+        # An account or serial number, read as its digits: in words, each group of a
+        # 300-digit number repeats "billion" up to 33 times (the text grew 40-fold).
+        spoken = " ".join(ONES[int(d)] for d in whole)
+    else:
+        spoken = number_words(int(whole)) if whole else "zero"
     if fraction:
         spoken += " point " + " ".join(ONES[int(d)] for d in fraction)
     return f" {spoken} "

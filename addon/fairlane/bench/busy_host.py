@@ -1,0 +1,169 @@
+"""`fairlane bench busy-host`: what another busy process on the cores costs the person talking.
+
+A Home Assistant host always runs something else (Home Assistant itself, a database, a camera
+recorder). Each target is a Fairlane server on the default models; they take turns request by
+request, quiet and busy alternating round by round (A B A B), so a slow minute of the machine
+falls on every target alike. Busy means one neighbour process spinning on a core for the
+length of the sample (`while True: pass`, killed after it; at most 10 minutes whatever
+happens), which is what one busy program does to a 2-core box.
+
+Each sample is:
+- **spoken command**: a household command's recording POSTed to /v1/audio/transcriptions as
+  `voice`, then its transcript as a streamed `voice` chat turn; the figure is the time from
+  sending the audio to the reply's first token (speech recognition + queue + prefill);
+- **chat turn**: a typed question streamed as `chat`: time to the first token.
+Every prompt starts with a nonce, so no prefix is cached across samples.
+
+Targets (`--targets`, comma-separated): `spin10k` (what `fairlane serve` does: OpenMP barriers
+spin 10,000 rounds, then sleep), `spin300k` (libgomp's default, which every earlier release
+ran with), `passive` (OMP_WAIT_POLICY=PASSIVE: sleep at once), and `threads1` (llama.cpp on one
+thread, default spin). The goal (issue 26): busy at most 2x quiet, p50 and p95.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fairlane.bench.servers import ServerProcess, free_port, post_transcription, stream_chat
+from fairlane.metrics import percentile
+
+TARGETS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
+    # name: (environment over the server's own, config sections)
+    "spin10k": ({}, {}),
+    "spin300k": ({"GOMP_SPINCOUNT": "300000"}, {}),
+    "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, {}),
+    "threads1": ({"GOMP_SPINCOUNT": "300000"}, {"llm": {"threads": 1}}),
+}
+NEIGHBOUR = "import time\nend = time.time() + 600\nwhile time.time() < end:\n    pass\n"
+QUESTIONS = (
+    "What is a good name for a cat?",
+    "Give me one tip for sleeping better.",
+    "What should I cook with rice and eggs?",
+    "How long should I boil an egg?",
+)
+
+
+def _server(name: str) -> ServerProcess:
+    env_over, sections = TARGETS[name]
+    port = free_port()
+    cfg: dict[str, Any] = {
+        "server": {"port": port, "data_dir": tempfile.mkdtemp(prefix="fairlane-busy-")},
+        "wyoming": {"enabled": False},
+        **sections,
+    }
+    path = Path(tempfile.mkdtemp()) / "fairlane.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env.update(env_over)
+    argv = [sys.executable, "-m", "fairlane", "serve", "--config", str(path)]
+    return ServerProcess(argv, port, env=env)
+
+
+def _spoken(url: str, audio: bytes) -> dict[str, float]:
+    sent = time.monotonic()
+    heard = post_transcription(url, audio, {"fairlane_class": "voice", "language": "en"})
+    transcribed = time.monotonic() - sent
+    timing = stream_chat(
+        url,
+        [{"role": "user", "content": f"[{uuid.uuid4().hex[:8]}] {heard['text']}"}],
+        8,
+        {"fairlane_class": "voice"},
+    )
+    if timing.ttft is None:
+        raise RuntimeError(f"no first token: {timing.error}")
+    return {"stt": transcribed, "first_token": timing.token_times[0] - sent}
+
+
+def _chat(url: str, question: str) -> float:
+    timing = stream_chat(
+        url,
+        [{"role": "user", "content": f"[{uuid.uuid4().hex[:8]}] {question}"}],
+        8,
+        {"fairlane_class": "chat"},
+    )
+    if timing.ttft is None:
+        raise RuntimeError(f"no first token: {timing.error}")
+    return timing.ttft
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": statistics.median(values),
+        "p95": percentile(values, 95) or 0.0,
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def busy_host(fixtures: Path, targets: list[str], rounds: int) -> dict[str, Any]:
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        raise ValueError(f"unknown targets {unknown}: choose from {sorted(TARGETS)}")
+    audio = [p.read_bytes() for p in sorted(fixtures.glob("command-*.wav"))]
+    servers = {name: _server(name) for name in targets}
+    samples: dict[str, dict[str, dict[str, list[float]]]] = {
+        name: {c: {"spoken": [], "stt": [], "chat": []} for c in ("quiet", "busy")}
+        for name in targets
+    }
+    try:
+        for server in servers.values():  # equal warm-up: one of each, unmeasured
+            _spoken(server.url, audio[0])
+            _chat(server.url, QUESTIONS[0])
+        for r in range(rounds):
+            conditions = ("quiet", "busy") if r % 2 == 0 else ("busy", "quiet")
+            for condition in conditions:
+                neighbour = (
+                    subprocess.Popen([sys.executable, "-c", NEIGHBOUR])
+                    if condition == "busy"
+                    else None
+                )
+                try:
+                    for name, server in servers.items():
+                        spoken = _spoken(server.url, audio[r % len(audio)])
+                        chat = _chat(server.url, QUESTIONS[r % len(QUESTIONS)])
+                        cell = samples[name][condition]
+                        cell["spoken"].append(spoken["first_token"])
+                        cell["stt"].append(spoken["stt"])
+                        cell["chat"].append(chat)
+                        print(
+                            f"round {r + 1:2d} {condition:5s} {name:9s} spoken first token "
+                            f"{spoken['first_token'] * 1000:6.0f} ms (stt "
+                            f"{spoken['stt'] * 1000:4.0f})  chat TTFT {chat * 1000:6.0f} ms",
+                            flush=True,
+                        )
+                finally:
+                    if neighbour is not None:
+                        neighbour.kill()
+                        neighbour.wait()
+    finally:
+        for server in servers.values():
+            server.close()
+    result: dict[str, Any] = {}
+    print(f"\n{'target':9s} {'what':14s} {'quiet p50/p95 ms':>18s} {'busy p50/p95 ms':>18s} "
+          f"{'busy/quiet p50, p95':>20s}")
+    for name in targets:
+        result[name] = {}
+        for what in ("spoken", "chat", "stt"):
+            quiet = _spread(samples[name]["quiet"][what])
+            busy = _spread(samples[name]["busy"][what])
+            ratio = (busy["p50"] / quiet["p50"], busy["p95"] / quiet["p95"])
+            result[name][what] = {"quiet": quiet, "busy": busy, "ratio_p50": ratio[0],
+                                  "ratio_p95": ratio[1]}
+            label = {"spoken": "spoken command", "chat": "chat TTFT", "stt": "  (its STT)"}[what]
+            print(
+                f"{name:9s} {label:14s} {quiet['p50'] * 1000:8.0f} /{quiet['p95'] * 1000:6.0f}"
+                f"    {busy['p50'] * 1000:8.0f} /{busy['p95'] * 1000:6.0f}"
+                f"    {ratio[0]:8.2f}x, {ratio[1]:5.2f}x"
+            )
+    return {"rounds": rounds, "targets": result}
