@@ -14,7 +14,7 @@ export FAIRLANE_LLAMA_SERVER ?= .bench/llama-server/bin/llama-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install run test lint typecheck typecheck-ha unit unit-ha chromium simulate bench tune \
-	soak overload clean lock
+	soak overload clean lock test-ha-current busy-host
 
 # Installs are exact: every package comes from a lock (locks/*.txt, each with its sha256),
 # installed without resolving; `make lock` refreshes the locks.
@@ -83,6 +83,15 @@ unit-ha: install $(HA_STAMP)
 	$(VENV_HA)/bin/pytest -c tests_ha/pytest.ini tests_ha -q \
 		--cov=custom_components/fairlane --cov-report=term-missing:skip-covered
 
+# The integration's tests and strict mypy on the newest Home Assistant release (2026.3 and later
+# need Python >= 3.14, which pyenv and pip do not give here): the shared script builds a Debian
+# sid chroot with Python 3.14 (root, apt and PyPI; ~5 min once, then ~5-11 min). HA_VERSION=...
+# picks another release. Not part of `make test` (CI): see custom_components/fairlane/README.md.
+HA_CURRENT ?= ../shared/ha-current/ha-current.sh
+test-ha-current: install
+	@test -x $(HA_CURRENT) || { echo "test-ha-current: $(HA_CURRENT) not found (set HA_CURRENT)"; exit 2; }
+	$(SUDO) $(if $(HA_VERSION),env HA_VERSION=$(HA_VERSION)) $(HA_CURRENT) $(CURDIR)
+
 # A fresh server under a light mixed load for SOAK_MINUTES (chat, voice, embeddings, documents):
 # errors, hung requests, /health latency and memory growth. Never alongside tests or benchmarks.
 SOAK_MINUTES ?= 10
@@ -94,6 +103,12 @@ soak: install
 overload: install
 	mkdir -p reports
 	$(BIN)/fairlane bench overload --duration 60 --json reports/overload.json
+
+# A spoken command's first token and a chat turn's TTFT, quiet and with a busy neighbour process
+# on one core, for each thread setting (issue 26). Never alongside tests or benchmarks.
+busy-host: install
+	mkdir -p reports
+	$(BIN)/fairlane bench busy-host --rounds 10 --json reports/busy-host.json
 
 simulate: install
 	$(BIN)/fairlane simulate --profile rtx4090 --json reports/simulate-rtx4090.json --plot reports/simulate-rtx4090.png

@@ -122,6 +122,7 @@ def _bench(args: argparse.Namespace) -> int:
             args.pid,
             args.token,
             backoff=not args.no_backoff,
+            fixtures=Path(args.fixtures) if args.fixtures else None,
         )
         print(overload.format_summary(args.what, result))
     elif args.what == "busy-host":
@@ -426,8 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--hang-s",
         type=float,
-        default=120.0,
-        help="overload, soak: a request with no answer after this long counts as hung",
+        default=150.0,
+        help="overload, soak: a request with no answer after this long counts as hung (the "
+        "longest waiting limit, background's, is 120 s)",
     )
     bench.add_argument("--url", help="overload, soak: a running server (default: start one)")
     bench.add_argument("--pid", type=int, help="overload, soak: that server's process, for RSS")

@@ -108,6 +108,17 @@ def networks(texts: tuple[str, ...]) -> tuple[Network, ...]:
     return tuple(ipaddress.ip_network(text, strict=False) for text in texts)
 
 
+def client_allowed(peer: Any, clients: tuple[Network, ...]) -> bool:
+    """Whether a connection from `peer` (a socket's peername) may use the server."""
+    if not clients:
+        return True
+    try:
+        address = ipaddress.ip_address(peer[0])
+    except (TypeError, IndexError, ValueError):
+        return False
+    return any(address in network for network in clients)
+
+
 def beyond_loopback(host: str) -> bool:
     """Whether a server bound to `host` can be reached from other machines."""
     try:
@@ -286,14 +297,7 @@ class WyomingHandler(AsyncEventHandler):
             await self._close()
 
     def _allowed(self) -> bool:
-        if not self.services.clients:
-            return True
-        peer = self.writer.get_extra_info("peername")
-        try:
-            address = ipaddress.ip_address(peer[0])
-        except (TypeError, IndexError, ValueError):
-            return False
-        return any(address in network for network in self.services.clients)
+        return client_allowed(self.writer.get_extra_info("peername"), self.services.clients)
 
     async def _error(self, text: str, code: str) -> None:
         with contextlib.suppress(ConnectionError, RuntimeError):

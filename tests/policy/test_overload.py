@@ -49,3 +49,24 @@ def test_under_constant_voice_overload_every_chat_request_is_answered_by_its_dea
     waits = [answered[rid] - admitted[rid] for rid in due]
     assert max(waits) <= deadline_s + longest_step
     assert voice_tokens > 0 and len(due) > policy.config.queue_limit[CHAT]
+
+
+def test_a_clients_background_request_is_answered_by_its_waiting_limit_a_durable_job_waits() -> (
+        None):
+    """Under constant voice work a client's background request (an automation's embeddings)
+    once waited without end: now it is dropped (a 429) at its class's waiting limit. The
+    server's own durable job (the indexer's) keeps waiting for its turn."""
+    from fairlane.policy import NO_WAIT_LIMIT, Priority
+
+    policy = make()
+    limit_s = policy.config.max_wait_ms[Priority.BACKGROUND] / 1000.0
+    client = llm("automation", Priority.BACKGROUND, client="automation", arrival=0.0)
+    durable = llm("indexer", Priority.BACKGROUND, client="documents", arrival=0.0)
+    durable.max_wait_s = NO_WAIT_LIMIT
+    assert policy.add(client, 0.0).accepted and policy.add(durable, 0.0).accepted
+    assert client.max_wait_s == limit_s
+    dropped = {r.id for r in policy.expire(limit_s - 0.001)}
+    assert not dropped
+    dropped = {r.id for r in policy.expire(limit_s + 0.001)}
+    assert dropped == {"automation"}
+    assert not policy.expire(10 * limit_s)

@@ -80,3 +80,36 @@ def test_the_indexer_is_retried_and_health_says_so_until_space_returns(
               "indexed")
     health = http(server, "GET", "/health")[1]
     assert health["status"] == "ok" and health["components"]["indexer"]["failures"] == 0
+
+
+def test_a_long_document_is_chunked_in_one_pass(server: BackgroundServer) -> None:
+    """The tokenizer's offsets are read once per document: read per chunk (each read copies
+    them all), accepting a 1 MB document took 281 s."""
+    embedder = server.services.embedder
+    assert embedder is not None
+    reads = 0
+
+    class Counted:
+        def __init__(self, encoding: object) -> None:
+            self.encoding = encoding
+
+        def __getattr__(self, name: str) -> object:
+            nonlocal reads
+            reads += name in ("offsets", "ids")
+            return getattr(self.encoding, name)
+
+    class Tokenizer:
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+        def encode(self, *args: object, **kwargs: object) -> Counted:
+            return Counted(self.inner.encode(*args, **kwargs))  # type: ignore[attr-defined]
+
+    real = embedder.tokenizer_full
+    embedder.tokenizer_full = Tokenizer(real)
+    try:
+        chunks = _chunk(embedder, NOTE * 4)
+    finally:
+        embedder.tokenizer_full = real
+    assert len(chunks) > 10
+    assert reads == 2  # the ids and the offsets, once each

@@ -38,7 +38,7 @@ from fairlane.engines.llm import (
     SamplingParams,
     TokenEvent,
 )
-from fairlane.policy import Kind, Priority, Request
+from fairlane.policy import NO_WAIT_LIMIT, Kind, Priority, Request
 
 # --- request validation ------------------------------------------------------------------------
 
@@ -463,7 +463,7 @@ async def generate(
     svc: Services, messages: list[dict[str, Any]], max_tokens: int, priority: Priority, client: str
 ) -> str:
     """One LLM turn through the device loop (or the class's remote lane), collected
-    (summaries, and other server jobs)."""
+    (summaries, and other server jobs: durable, so without a waiting limit)."""
     if (lane := lane_for(svc, priority)) is not None:
         return await remote_generate(svc, lane, messages, max_tokens, priority, client)
     assert svc.template is not None
@@ -486,6 +486,7 @@ async def generate(
         0.0,
         prompt_tokens=len(prompt),
         max_tokens=max_tokens,
+        max_wait_s=NO_WAIT_LIMIT,
     )
 
     def sink(event: TokenEvent) -> None:

@@ -219,7 +219,11 @@ async def _index_forever(svc: Services, health: Component) -> None:
             continue
         try:
             vectors = await embed_all(
-                svc, [tokens for _, _, tokens in batch], Priority.BACKGROUND, "documents"
+                svc,
+                [tokens for _, _, tokens in batch],
+                Priority.BACKGROUND,
+                "documents",
+                durable=True,
             )
         except ApiError as err:  # refused (queue full): try again shortly
             _LOGGER.warning("indexing paused: %s", err.message)

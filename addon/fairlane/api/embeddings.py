@@ -26,7 +26,7 @@ from fairlane.api.common import (
     validate,
 )
 from fairlane.api.remote import lane_for, remote_embed
-from fairlane.policy import Kind, Priority, Request
+from fairlane.policy import NO_WAIT_LIMIT, Kind, Priority, Request
 
 # --- embeddings ----------------------------------------------------------------------------------
 
@@ -120,9 +120,11 @@ async def embed_all(
     client: str,
     deadline_s: float | None = None,
     local: bool = False,
+    durable: bool = False,
 ) -> list[Any]:
     """Queue every text as one EMBED request; all or nothing. A class bound to an `embed`
-    remote lane is embedded there (`local`: here, whatever the binding)."""
+    remote lane is embedded there (`local`: here, whatever the binding). `durable`: the
+    server's own job (the indexer), which waits its turn without a waiting limit."""
     assert svc.embedder is not None
     if not local and (lane := lane_for(svc, priority, Kind.EMBED)) is not None:
         here = functools.partial(embed_all, svc, priority=Priority.CHAT, client="probe",
@@ -152,6 +154,7 @@ async def embed_all(
                 0.0,
                 prompt_tokens=len(tokens),
                 deadline_s=deadline_s,
+                max_wait_s=NO_WAIT_LIMIT if durable else None,
             )
             admission = svc.device.submit(item, register, sink)
             if not admission.accepted:

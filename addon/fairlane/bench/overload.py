@@ -1,7 +1,8 @@
 """Overload and soak: what a household server does when it gets more than it can serve.
 
 `overload` keeps `factor` × each interactive class's queue limit of streaming chat requests
-open at once (voice and chat, unique prompts) for `duration_s`, then lets them drain. `soak`
+open at once (voice and chat, unique prompts), and 32 clients embedding as `background`, for
+`duration_s`, then lets them drain. `soak`
 runs a light mixed load (chat, voice, embeddings, documents) for `duration_s`. Both poll
 `/health` the way the add-on's watchdog does and sample the server's resident memory, and both
 count what a person would call a failure. Each client backs off after a 429 or a failed
@@ -70,6 +71,7 @@ class Report:
     stats: dict[str, Any] = field(default_factory=dict)  # the server's, as the load ended
     tokens_in_load: int = 0  # tokens received while the load ran (not in the drain after it)
     load_s: float = 0.0
+    idle_chat_s: list[float] = field(default_factory=list)  # chat first tokens, nothing else on
 
     def summary(self) -> dict[str, Any]:
         statuses = Counter(
@@ -96,6 +98,8 @@ class Report:
                 "first_p50_s": _pct(waits, 50),
                 "first_p95_s": _pct(waits, 95),
             }
+        idle_p50 = _pct(self.idle_chat_s, 50)
+        chat_p50 = (by_kind.get("chat") or {}).get("first_p50_s")
         ends = [o.done or o.first or o.sent for o in self.outcomes]
         span = max(ends) - min(o.sent for o in self.outcomes) if self.outcomes else 0.0
         return {
@@ -124,6 +128,9 @@ class Report:
             if self.rss_mb
             else None,
             "by_kind": by_kind,
+            # The soak's goal: chat's first token within 1.5x of what it is on an idle server.
+            "idle_chat_first_p50_s": idle_p50,
+            "chat_vs_idle_p50": round(chat_p50 / idle_p50, 2) if chat_p50 and idle_p50 else None,
             "device_busy": (self.stats.get("device") or {}).get("busy"),
             "output_tokens_per_s": {
                 label: figures.get("output_tokens_per_s")
@@ -170,6 +177,7 @@ class Load:
         self.hang_s = hang_s
         self.report = report
         self.stopping = False
+        self.audio: list[bytes] = []  # recordings for `transcribe`
 
     async def chat(self, session: aiohttp.ClientSession, klass: str, max_tokens: int) -> None:
         body = {
@@ -181,9 +189,21 @@ class Load:
         }
         await self._send(session, klass, "/v1/chat/completions", body, stream=True)
 
-    async def embed(self, session: aiohttp.ClientSession, texts: int) -> None:
-        body = {"input": [_unique(QUESTIONS) for _ in range(texts)], "fairlane_class": "chat"}
-        await self._send(session, "embeddings", "/v1/embeddings", body, stream=False)
+    async def embed(
+        self, session: aiohttp.ClientSession, texts: int, klass: str = "chat"
+    ) -> None:
+        body = {"input": [_unique(QUESTIONS) for _ in range(texts)], "fairlane_class": klass}
+        kind = "embeddings" if klass == "chat" else f"embeddings ({klass})"
+        await self._send(session, kind, "/v1/embeddings", body, stream=False)
+
+    async def transcribe(self, session: aiohttp.ClientSession) -> None:
+        """A spoken command's recording (one of the fixtures), as `voice`."""
+        form = aiohttp.FormData()
+        form.add_field("model", "whisper")
+        form.add_field("language", "en")
+        audio = self.audio[hash(uuid.uuid4()) % len(self.audio)]
+        form.add_field("file", audio, filename="command.wav", content_type="audio/wav")
+        await self._send(session, "transcriptions", "/v1/audio/transcriptions", form, False)
 
     async def document(self, session: aiohttp.ClientSession) -> None:
         text = " ".join(_unique(QUESTIONS) for _ in range(40))
@@ -213,7 +233,8 @@ class Load:
     ) -> None:
         try:
             async with asyncio.timeout(self.hang_s):
-                async with session.post(self.url + path, json=body, headers=self.headers) as r:
+                data = {"data": body} if isinstance(body, aiohttp.FormData) else {"json": body}
+                async with session.post(self.url + path, headers=self.headers, **data) as r:
                     outcome.status = r.status
                     if r.status != 200 or not stream:
                         raw = await r.read()
@@ -312,11 +333,25 @@ async def run_load(
     token: str | None = None,
     think_s: float = 0.0,
     backoff: bool = True,
+    audio: list[bytes] | None = None,
+    idle_samples: int = 0,
 ) -> Report:
     """Run `count` clients of each job for `duration_s`, then wait for the last requests (at
-    most `hang_s`, after which they count as hung)."""
+    most `hang_s`, after which they count as hung). First, `idle_samples` chat turns one at a
+    time on the idle server: the baseline the load's chat figures are compared with."""
     report = Report()
     load = Load(url, token, hang_s, report, think_s, backoff)
+    load.audio = audio or []
+    if idle_samples:
+        idle = Report()
+        alone = Load(url, token, hang_s, idle)
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            for _ in range(idle_samples):
+                await alone.chat(session, "chat", 32)
+        report.idle_chat_s = [
+            o.first - o.sent for o in idle.outcomes if o.first and o.status == 200
+        ]
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch(url, pid, report, stop))
     clients = [
@@ -335,11 +370,17 @@ async def run_load(
     return report
 
 
+BACKGROUND_CLIENTS = 32  # automations embedding texts beside the overload (no queue limit)
+
+
 def overload_jobs(queue_limits: dict[str, int], factor: float) -> list[Job]:
-    """`factor` × each interactive class's queue limit of clients, streaming short answers."""
+    """`factor` × each interactive class's queue limit of clients, streaming short answers,
+    and BACKGROUND_CLIENTS embedding 16 texts each as `background`: every one of them must be
+    answered or refused within its class's waiting limit."""
     return [
         (round(factor * queue_limits["voice"]), "chat", ("voice", 64)),
         (round(factor * queue_limits["chat"]), "chat", ("chat", 64)),
+        (BACKGROUND_CLIENTS, "embed", (16, "background")),
     ]
 
 
@@ -349,9 +390,11 @@ SOAK_THINK_S = 2.0
 SOAK_JOBS: list[Job] = [
     (2, "chat", ("chat", 32)),
     (1, "chat", ("voice", 16)),
+    (1, "transcribe", ()),
     (1, "embed", (16,)),
     (1, "document", ()),
 ]
+IDLE_SAMPLES = 8  # the soak's idle baseline: chat turns one at a time before the load
 
 
 def format_summary(name: str, summary: dict[str, Any]) -> str:
@@ -375,6 +418,8 @@ def format_summary(name: str, summary: dict[str, Any]) -> str:
         "rss_growth_mb",
         "device_busy",
         "output_tokens_per_s",
+        "idle_chat_first_p50_s",
+        "chat_vs_idle_p50",
     ]
     lines = [f"{name}: " + ", ".join(f"{k}={summary[k]}" for k in keys)]
     lines.append(f"  statuses: {summary['statuses']}")
@@ -392,18 +437,25 @@ def run(
     pid: int | None,
     token: str | None,
     backoff: bool = True,
+    fixtures: Path | None = None,
 ) -> dict[str, Any]:
     """`fairlane bench overload|soak`: against `url` (with `pid` for its memory) or a fresh
-    `fairlane serve` on the default configuration and a temporary data directory."""
+    `fairlane serve` on the default configuration and a temporary data directory. The soak's
+    transcriptions send the command recordings in `fixtures`."""
     from fairlane.bench.servers import ServerProcess, free_port
     from fairlane.policy.config import PolicyConfig
 
     limits = {p.label: int(v) for p, v in PolicyConfig().queue_limit.items()}
     jobs = overload_jobs(limits, factor) if what == "overload" else SOAK_JOBS
     think_s = 0.0 if what == "overload" else SOAK_THINK_S
+    soak = what == "soak"
+    audio = [p.read_bytes() for p in sorted(fixtures.glob("command-*.wav"))] if fixtures else []
+    if soak and not audio:
+        jobs = [job for job in jobs if job[1] != "transcribe"]
+    extra: dict[str, Any] = {"audio": audio, "idle_samples": IDLE_SAMPLES if soak else 0}
     if url is not None:
         report = asyncio.run(
-            run_load(url, pid, jobs, duration_s, hang_s, token, think_s, backoff)
+            run_load(url, pid, jobs, duration_s, hang_s, token, think_s, backoff, **extra)
         )
         return report.summary()
     import sys
@@ -416,7 +468,8 @@ def run(
     with ServerProcess(argv, port, env={**os.environ}) as server:
         report = asyncio.run(
             run_load(
-                server.url, server.process.pid, jobs, duration_s, hang_s, token, think_s, backoff
+                server.url, server.process.pid, jobs, duration_s, hang_s, token, think_s,
+                backoff, **extra,
             )
         )
     return report.summary()

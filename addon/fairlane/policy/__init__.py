@@ -21,7 +21,7 @@ from fairlane.policy.plan import (
     SttPlan,
     TtsPlan,
 )
-from fairlane.policy.request import Kind, Priority, Request, Status
+from fairlane.policy.request import NO_WAIT_LIMIT, Kind, Priority, Request, Status
 from fairlane.policy.scheduler import FairlaneScheduler
 
 # Fairlane's policy and the baselines it is measured against (see policy/fcfs.py).
@@ -42,6 +42,7 @@ def make_policy(name: str, config: PolicyConfig, cost: CostModel) -> Policy:
 
 
 __all__ = [
+    "NO_WAIT_LIMIT",
     "POLICIES",
     "Admission",
     "Chunk",

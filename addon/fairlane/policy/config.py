@@ -85,13 +85,15 @@ class PolicyConfig:
     )
     # The longest a request may wait before its first step: a spoken command not started in
     # 10 s, a chat turn not started in 30 s gets a 429 (the person is better told "busy" than
-    # kept waiting; background work is durable and waits its turn). Unlike a deadline it does
-    # not count the request's own prefill, so it never refuses a long prompt on a slow device.
+    # kept waiting), a client's background request not started in 120 s too (an automation's
+    # call is answered, not left open). The server's own durable jobs (indexing, summaries)
+    # wait their turn however long. Unlike a deadline it does not count the request's own
+    # prefill, so it never refuses a long prompt on a slow device.
     max_wait_ms: dict[Priority, float | None] = field(
         default_factory=lambda: {
             Priority.VOICE: 10_000,
             Priority.CHAT: 30_000,
-            Priority.BACKGROUND: None,
+            Priority.BACKGROUND: 120_000,
         }
     )
     slo: dict[Priority, Slo] = field(default_factory=_default_slos)

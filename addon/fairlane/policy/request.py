@@ -44,6 +44,9 @@ class Kind(Enum):
     TTS = "tts"
 
 
+NO_WAIT_LIMIT = float("inf")  # max_wait_s of a durable job: it waits its turn however long
+
+
 class Status(Enum):
     WAITING = "waiting"  # queued, nothing computed (or preempted and reset)
     RUNNING = "running"  # holds KV (LLM) and is in the running batch
@@ -68,7 +71,8 @@ class Request:
     audio_s: float = 0.0
     # Interactive requests may carry a hard deadline for their first output (rule 9).
     deadline_s: float | None = None
-    # The longest it may wait before its first step (the policy's max_wait_ms), or None.
+    # The longest it may wait before its first step (the policy's max_wait_ms when None;
+    # NO_WAIT_LIMIT for the server's own durable jobs).
     max_wait_s: float | None = None
 
     status: Status = Status.WAITING
