@@ -409,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--targets",
         help="family: servers, comma-separated (default fairlane,fcfs,separate); voice: "
         "`separate` measures Fairlane against wyoming-piper (default fairlane); busy-host: "
-        "spin10k,spin300k,passive,threads1 (default all)",
+        "spin10k,spin300k,passive,threads1,shell (default all)",
     )
     bench.add_argument(
         "--phases", default="interactive,background,mixed", help="family: phases, comma-separated"
