@@ -12,7 +12,7 @@ Each sample is:
   `voice`, then its transcript as a streamed `voice` chat turn; the figure is the time from
   sending the audio to the reply's first token (speech recognition + queue + prefill);
 - **chat turn**: a typed question streamed as `chat`: time to the first token;
-- **long chat turn**: a household note of about 1,500 tokens to sum up, as `chat`: time to
+- **long chat turn**: a household note of about 500 tokens to sum up, as `chat`: time to
   the first token, which is mostly prefill (the kind of prompt that timed out in CI).
 Every prompt starts with a nonce, so no prefix is cached across samples.
 
@@ -102,8 +102,8 @@ def _spoken(url: str, audio: bytes) -> dict[str, float]:
 NOTE = " ".join(
     f"Day {i}: the boiler was serviced, the filter changed and the pressure set to 1.5 bar; "
     f"the dishwasher ran the eco programme; the school trip is on Friday."
-    for i in range(40)
-)  # about 1,500 tokens
+    for i in range(12)
+)  # about 500 tokens
 
 
 def _chat(url: str, question: str) -> float:
