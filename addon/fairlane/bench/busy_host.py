@@ -55,7 +55,11 @@ WITHOUT_HOST = (
     "import sys\nfrom fairlane import cli, host\nhost.configure = lambda environ=None: {}\n"
     "sys.exit(cli.main(sys.argv[1:]))\n"
 )
-NEIGHBOUR = "import time\nend = time.time() + 600\nwhile time.time() < end:\n    pass\n"
+# Busy until killed, for 10 minutes at most, and never beyond the bench (its parent).
+NEIGHBOUR = (
+    "import os, time\nparent, end = os.getppid(), time.time() + 600\n"
+    "while time.time() < end and os.getppid() == parent:\n    pass\n"
+)
 QUESTIONS = (
     "What is a good name for a cat?",
     "Give me one tip for sleeping better.",
