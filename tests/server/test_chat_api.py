@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from fairlane.server import BackgroundServer
-from tests.server.conftest import TOKEN
+from tests.server.conftest import MODEL_WAIT_S, TOKEN
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
@@ -32,7 +32,7 @@ def http(server: BackgroundServer, method: str, path: str, body: bytes | dict | 
     for key, value in (headers or {}).items():
         request.add_header(key, value)
     try:
-        with urllib.request.urlopen(request, timeout=120) as response:
+        with urllib.request.urlopen(request, timeout=MODEL_WAIT_S) as response:
             raw = response.read()
             status = response.status
     except urllib.error.HTTPError as err:
@@ -298,7 +298,7 @@ def test_a_non_streaming_client_that_goes_away_stops_its_generation(server) -> N
     body = json.dumps({"messages": [{"role": "user", "content":
                                      "Count from 1 to 1000, one number per line."}],
                        "max_tokens": 2000, "temperature": 0.8}).encode()
-    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=MODEL_WAIT_S)
     connection.request("POST", "/v1/chat/completions", body,
                        {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
     deadline = time.monotonic() + 60

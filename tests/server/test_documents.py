@@ -20,7 +20,7 @@ import pytest
 from fairlane.api.documents import _chunk
 from fairlane.bench.servers import free_port
 from fairlane.server import BackgroundServer
-from tests.server.conftest import pdf_bytes
+from tests.server.conftest import MODEL_WAIT_S, pdf_bytes
 from tests.server.test_chat_api import http
 from tests.server.test_speech import multipart
 
@@ -59,7 +59,7 @@ QUERIES = {
 }
 
 
-def _wait_indexed(server, timeout: float = 120) -> dict:
+def _wait_indexed(server, timeout: float = MODEL_WAIT_S) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         _, body = http(server, "GET", "/v1/jobs")
@@ -363,4 +363,4 @@ def test_a_summary_stored_while_the_summariser_reads_is_not_forgotten(
     summary_id = _stored_while_reading(
         server, monkeypatch, "pending_summaries",
         lambda store: store.add_summary(CORPUS["vet"], None, "short", 10))
-    assert _wait_summary(server, summary_id, timeout=120)["status"] == "done"
+    assert _wait_summary(server, summary_id, timeout=MODEL_WAIT_S)["status"] == "done"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from fairlane.server import BackgroundServer
-from tests.server.conftest import TOKEN
+from tests.server.conftest import MODEL_WAIT_S, TOKEN
 
 CHAT = "/v1/chat/completions"
 
@@ -22,7 +22,7 @@ def send(server: BackgroundServer, method: str, path: str, body: bytes = b"",
          content_type: str = "application/json",
          authorization: str = f"Bearer {TOKEN}") -> tuple[int, Any]:
     """Raw HTTP, so headers and bodies can be what no client library would send."""
-    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=MODEL_WAIT_S)
     connection.putrequest(method, path)
     connection.putheader("Content-Type", content_type)
     connection.putheader("Authorization", authorization)

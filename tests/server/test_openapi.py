@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 
 from fairlane.openapi import OPENAPI
 from fairlane.server import BackgroundServer, create_app
-from tests.server.conftest import TOKEN
+from tests.server.conftest import MODEL_WAIT_S, TOKEN
 
 SCHEMA = schemathesis.openapi.from_dict(OPENAPI)
 # Valid requests and invalid ones (wrong types, missing fields, values out of range), the same
@@ -52,7 +52,7 @@ def _bounded(case: Any) -> None:
 def test_generated_requests_never_get_a_server_error(server: BackgroundServer, case: Any) -> None:
     _bounded(case)
     response = case.call(base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"},
-                         timeout=120)
+                         timeout=MODEL_WAIT_S)
     assert response.status_code < 500, (case.method, case.path, case.body, response.text)
     if response.status_code >= 400:
         error = json.loads(response.text)["error"]

@@ -29,7 +29,7 @@ from fairlane import config
 from fairlane.bench.servers import ServerProcess, free_port
 from fairlane.policy import Kind, Priority
 from fairlane.server import BackgroundServer
-from tests.server.conftest import TOKEN, wait_for
+from tests.server.conftest import MODEL_WAIT_S, TOKEN, wait_for
 from tests.server.test_chat_api import http
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "speech"
@@ -92,7 +92,7 @@ class Streamed:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
-def stream(url: str, body: dict[str, Any], out: Streamed, timeout: float = 120) -> None:
+def stream(url: str, body: dict[str, Any], out: Streamed, timeout: float = MODEL_WAIT_S) -> None:
     request = urllib.request.Request(
         f"{url}/v1/chat/completions", data=json.dumps({**body, "stream": True}).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
