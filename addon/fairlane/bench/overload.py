@@ -84,6 +84,11 @@ class Report:
             for o in self.outcomes
             if o.status == 429 and o.code == "refused" and o.first
         ]
+        # Dropped at the waiting limit: how long after it was sent (per class, as sent).
+        expired: dict[str, list[float]] = {}
+        for o in self.outcomes:
+            if o.status == 429 and o.code == "deadline_exceeded" and o.first:
+                expired.setdefault(o.kind, []).append(o.first - o.sent)
         # Answered: a stream's first token, or a 2xx result (a document is a 202).
         served = [
             o for o in self.outcomes if o.status and 200 <= o.status < 300 and o.first is not None
@@ -117,7 +122,12 @@ class Report:
             "refusal_p50_s": _pct(refusals, 50),
             "refusal_p99_s": _pct(refusals, 99),
             "refusal_max_s": round(max(refusals), 3) if refusals else None,
+            "expired_after_s": {
+                kind: {"p50": _pct(waits, 50), "max": round(max(waits), 3)}
+                for kind, waits in sorted(expired.items())
+            },
             "health_p50_s": _pct(self.health_s, 50),
+            "health_p95_s": _pct(self.health_s, 95),
             "health_max_s": round(max(self.health_s), 3) if self.health_s else None,
             "health_failures": self.health_failures,
             "rss_start_mb": self.rss_mb[0] if self.rss_mb else None,
@@ -410,6 +420,7 @@ def format_summary(name: str, summary: dict[str, Any]) -> str:
         "refusal_p50_s",
         "refusal_max_s",
         "health_p50_s",
+        "health_p95_s",
         "health_max_s",
         "health_failures",
         "rss_start_mb",
@@ -423,6 +434,7 @@ def format_summary(name: str, summary: dict[str, Any]) -> str:
     ]
     lines = [f"{name}: " + ", ".join(f"{k}={summary[k]}" for k in keys)]
     lines.append(f"  statuses: {summary['statuses']}")
+    lines.append(f"  429 at the waiting limit, seconds after sending: {summary['expired_after_s']}")
     for kind, figures in summary["by_kind"].items():
         lines.append(f"  {kind}: {figures}")
     return "\n".join(lines)
