@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import struct
 from pathlib import Path
@@ -87,6 +88,25 @@ def test_translations_cover_every_entity_service_and_error() -> None:
                 "path_not_allowed", "path_not_found", "no_entry", "which_entry", "wrong_server",
                 "attachment_not_supported"):
         assert key in STRINGS["exceptions"], key
+
+
+def test_services_yaml_describes_exactly_the_services_the_code_registers() -> None:
+    """hassfest's services rule: every registered service is described, nothing else."""
+    tree = ast.parse((INTEGRATION / "services.py").read_text())
+    registered = {
+        node.args[1].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "async_register"
+        and len(node.args) > 1
+        and isinstance(node.args[1], ast.Constant)
+    }
+    described = yaml.safe_load((INTEGRATION / "services.yaml").read_text())
+    assert registered and registered == set(described)
+    for name, service in described.items():
+        for field, spec in (service.get("fields") or {}).items():
+            assert "selector" in spec, f"{name}.{field}: hassfest wants a selector"
 
 
 def test_quality_scale_is_kept() -> None:

@@ -88,19 +88,22 @@ def _server(name: str) -> ServerProcess:
     return ServerProcess(argv, port, env=env)
 
 
+def _first_token(url: str, text: str, klass: str) -> float:
+    """Stream a turn of `text` (a nonce first) as `klass`; when its first token came."""
+    timing = stream_chat(
+        url, [{"role": "user", "content": f"[{uuid.uuid4().hex[:8]}] {text}"}], 8,
+        {"fairlane_class": klass},
+    )
+    if timing.ttft is None:
+        raise RuntimeError(f"no first token: {timing.error}")
+    return timing.token_times[0]
+
+
 def _spoken(url: str, audio: bytes) -> dict[str, float]:
     sent = time.monotonic()
     heard = post_transcription(url, audio, {"fairlane_class": "voice", "language": "en"})
     transcribed = time.monotonic() - sent
-    timing = stream_chat(
-        url,
-        [{"role": "user", "content": f"[{uuid.uuid4().hex[:8]}] {heard['text']}"}],
-        8,
-        {"fairlane_class": "voice"},
-    )
-    if timing.ttft is None:
-        raise RuntimeError(f"no first token: {timing.error}")
-    return {"stt": transcribed, "first_token": timing.token_times[0] - sent}
+    return {"stt": transcribed, "first_token": _first_token(url, heard["text"], "voice") - sent}
 
 
 NOTE = " ".join(
@@ -111,15 +114,8 @@ NOTE = " ".join(
 
 
 def _chat(url: str, question: str) -> float:
-    timing = stream_chat(
-        url,
-        [{"role": "user", "content": f"[{uuid.uuid4().hex[:8]}] {question}"}],
-        8,
-        {"fairlane_class": "chat"},
-    )
-    if timing.ttft is None:
-        raise RuntimeError(f"no first token: {timing.error}")
-    return timing.ttft
+    sent = time.monotonic()
+    return _first_token(url, question, "chat") - sent
 
 
 def _spread(values: list[float]) -> dict[str, float]:
