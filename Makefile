@@ -13,7 +13,7 @@ export FAIRLANE_LLAMA_SERVER ?= .bench/llama-server/bin/llama-server
 # Root installs system packages itself; anyone else through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install run test lint typecheck typecheck-ha unit unit-ha chromium simulate bench tune \
+.PHONY: install run test lint typecheck typecheck-ha unit unit-ha system-packages simulate bench tune \
 	soak overload clean lock test-ha-current busy-host
 
 # Installs are exact: every package comes from a lock (locks/*.txt, each with its sha256),
@@ -69,13 +69,16 @@ typecheck: install
 typecheck-ha: $(HA_STAMP)
 	$(VENV_HA)/bin/mypy --config-file tests_ha/mypy.ini
 
-unit: install chromium
+unit: install system-packages
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-# The dashboard's test runs in headless Chromium: Debian's package, not a browser download.
-chromium:
-	@command -v chromium >/dev/null || { $(SUDO) apt-get update -q && \
-		$(SUDO) apt-get install -y -q --no-install-recommends chromium; }
+# Debian's packages the tests use: the dashboard's test runs in headless Chromium (not a browser
+# download); the int8 embedder's test runs ONNX Runtime on an emulated CPU without VNNI
+# (qemu-user).
+system-packages:
+	@{ command -v chromium && command -v qemu-x86_64; } >/dev/null || { \
+		$(SUDO) apt-get update -q && \
+		$(SUDO) apt-get install -y -q --no-install-recommends chromium qemu-user; }
 
 # The integration, and Home Assistant's own Wyoming integration, against a real Fairlane
 # server (started from .venv); with the integration's test coverage.
