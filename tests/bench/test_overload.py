@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fairlane.bench.overload import Outcome, Report, overload_jobs
+from fairlane.bench.overload import BACKGROUND_CLIENTS, Outcome, Report, overload_jobs
 
 
 def test_the_summary_counts_each_kind_of_failure_once() -> None:
@@ -35,6 +35,24 @@ def test_the_summary_counts_each_kind_of_failure_once() -> None:
     }
 
 
-def test_overload_is_three_times_each_interactive_queue() -> None:
+def test_overload_is_three_times_each_interactive_queue_and_background_clients() -> None:
     jobs = overload_jobs({"voice": 32, "chat": 128, "background": 10**6}, 3.0)
-    assert [(count, args[0]) for count, _, args in jobs] == [(96, "voice"), (384, "chat")]
+    assert [(count, name, args) for count, name, args in jobs] == [
+        (96, "chat", ("voice", 64)),
+        (384, "chat", ("chat", 64)),
+        (BACKGROUND_CLIENTS, "embed", (16, "background")),
+    ]
+
+
+def test_the_soak_compares_chat_with_the_idle_server_and_times_expiries() -> None:
+    report = Report(
+        outcomes=[
+            Outcome("chat", 0.0, status=200, first=0.6, done=1.0),
+            Outcome("chat", 0.0, status=429, first=30.5, done=30.5, code="deadline_exceeded"),
+        ],
+        idle_chat_s=[0.3, 0.3, 0.3],
+    )
+    summary = report.summary()
+    assert summary["idle_chat_first_p50_s"] == 0.3
+    assert summary["chat_vs_idle_p50"] == 2.0
+    assert summary["expired_after_s"] == {"chat": {"p50": 30.5, "max": 30.5}}
