@@ -204,7 +204,10 @@ class Policy(ABC):
         request.order = next(self._admitted)
         self.requests[request.id] = request
         self._enqueue(request, now)
-        limits = [s for s in (request.deadline_s, request.max_wait_s) if s is not None]
+        # A durable job's limit (NO_WAIT_LIMIT) never fires: it is not kept on the heap.
+        limits = [
+            s for s in (request.deadline_s, request.max_wait_s) if s is not None and s < math.inf
+        ]
         if limits:
             deadline = request.arrival + min(limits)
             heapq.heappush(self._deadlines, (deadline, request.order, request))
