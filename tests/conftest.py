@@ -1,6 +1,6 @@
-"""The tests run with the server's own thread settings (fairlane.host), as `fairlane serve`
+"""The tests run with the server's own thread settings (fairlane.runtime.host), as `fairlane serve`
 does: set before any engine's native library is imported."""
 
-from fairlane import host
+from fairlane.runtime import host
 
 host.configure()

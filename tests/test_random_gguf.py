@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fairlane import models
-from fairlane.chat import ChatTemplate
+from fairlane.engines import models
+from fairlane.engines.chat_template import ChatTemplate
 from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams
 from fairlane.policy import Chunk, LlmPlan, Priority
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import yaml
 
-from fairlane import __version__, host
+from fairlane import __version__
 from fairlane.policy import POLICIES
+from fairlane.runtime import host
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -176,7 +177,7 @@ def _bench_family(args: argparse.Namespace, threads: int) -> object:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from fairlane import tune
+    from fairlane.bench import tune
     from fairlane.sim import default_workload, scenario
 
     threads = args.threads or _default_threads()

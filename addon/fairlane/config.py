@@ -130,7 +130,7 @@ SERVER_SCHEMA = vol.Schema(
 
 LLM_SCHEMA = vol.Schema(
     {
-        # A packaged model name (see fairlane.models) or a path to any GGUF file.
+        # A packaged model name (see fairlane.engines.models) or a path to any GGUF file.
         vol.Optional("model", default="qwen2.5-coder-0.5b-instruct"): str,
         vol.Optional("n_ctx", default=8192): _count(256),
         vol.Optional("n_seq_max", default=8): _count(1),

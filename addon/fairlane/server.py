@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from fairlane import __version__, models, wyoming_server
+from fairlane import __version__
 from fairlane import config as config_mod
 from fairlane.api.chat import cancel_completion, chat_completions
 from fairlane.api.common import (
@@ -47,13 +47,13 @@ from fairlane.api.documents import (
     stop_workers,
 )
 from fairlane.api.embeddings import embeddings
+from fairlane.api.openapi import OPENAPI
 from fairlane.api.remote import api_error
 from fairlane.api.speech import transcriptions
 from fairlane.api.voice import speech, voices
-from fairlane.chat import ChatTemplate, ChatTemplateError
-from fairlane.components import storage_full
-from fairlane.device import DeviceLoop, Devices, StepRecord
-from fairlane.documents import DocumentStore, progress
+from fairlane.documents.store import DocumentStore, progress
+from fairlane.engines import models
+from fairlane.engines.chat_template import ChatTemplate, ChatTemplateError
 from fairlane.engines.embed import EmbedConfig as EmbedEngineConfig
 from fairlane.engines.embed import EmbeddingEngine
 from fairlane.engines.llm import (
@@ -61,18 +61,20 @@ from fairlane.engines.llm import (
     LlamaEngine,
     default_threads,
 )
+from fairlane.engines.placement import Placement
 from fairlane.engines.stt import SttConfig, WhisperEngine
 from fairlane.engines.tts import PiperVoice
 from fairlane.engines.tts import TtsConfig as TtsEngineConfig
-from fairlane.identity import instance_id
-from fairlane.openapi import OPENAPI
-from fairlane.placement import Placement
 from fairlane.policy import CostModel, Kind, PolicyConfig, Priority, make_policy
 from fairlane.profiles import load as load_profile
-from fairlane.remote import RemoteError, RemoteLane
-from fairlane.synthesis import VoiceService
-from fairlane.telemetry import Telemetry
-from fairlane.wyoming_server import SpeechService
+from fairlane.runtime.components import storage_full
+from fairlane.runtime.device import DeviceLoop, Devices, StepRecord
+from fairlane.runtime.identity import instance_id
+from fairlane.runtime.remote import RemoteError, RemoteLane
+from fairlane.runtime.telemetry import Telemetry
+from fairlane.voice import wyoming
+from fairlane.voice.synthesis import VoiceService
+from fairlane.voice.wyoming import SpeechService
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -500,23 +502,23 @@ async def _start_wyoming(app: web.Application) -> None:
     if (svc.speech is None and svc.voice is None) or not svc.config.wyoming.enabled:
         return
     host = svc.config.wyoming.host or svc.config.server.host
-    services = wyoming_server.WyomingServices(
+    services = wyoming.WyomingServices(
         svc.speech,
         svc.voice,
         early=svc.config.wyoming.early_transcript,
         max_connections=svc.config.wyoming.max_connections,
         priority=Priority.parse(svc.config.wyoming.max_class),
         idle_timeout_s=svc.config.wyoming.idle_timeout_s,
-        clients=wyoming_server.networks(svc.config.wyoming.clients),
+        clients=wyoming.networks(svc.config.wyoming.clients),
     )
     svc.wyoming = services
-    server = await wyoming_server.start(services, host, svc.config.wyoming.port)
-    svc.wyoming_port = wyoming_server.bound_port(server)
+    server = await wyoming.start(services, host, svc.config.wyoming.port)
+    svc.wyoming_port = wyoming.bound_port(server)
     app[WYOMING] = server
     if services.clients:
         _LOGGER.info("Wyoming on tcp://%s:%d for %s", host, svc.wyoming_port,
                      ", ".join(svc.config.wyoming.clients))
-    elif wyoming_server.beyond_loopback(host):
+    elif wyoming.beyond_loopback(host):
         _LOGGER.warning(
             "Wyoming on tcp://%s:%d has no credentials and takes any client: list the ones "
             "that may connect in wyoming.clients", host, svc.wyoming_port)

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from fairlane.bench.family import Played, Prompts, family, ratios, summarize
-from fairlane.metrics import RequestRecord
 from fairlane.policy import Kind, Priority, Slo
+from fairlane.runtime.metrics import RequestRecord
 from fairlane.sim.workload import Job, load
 
 SPEECH = Path(__file__).resolve().parents[1] / "fixtures" / "speech"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fairlane import models
+from fairlane.engines import models
 from fairlane.engines.embed import EmbedConfig, EmbeddingEngine
 from fairlane.policy import EmbedPlan, Priority
 

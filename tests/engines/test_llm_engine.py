@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from fairlane import models
-from fairlane.chat import ChatTemplate, ChatTemplateError
+from fairlane.engines import models
+from fairlane.engines.chat_template import ChatTemplate, ChatTemplateError
 from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams
 from fairlane.policy import Chunk, LlmPlan, Priority
 

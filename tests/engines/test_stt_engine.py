@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fairlane import models
+from fairlane.engines import models
 from fairlane.engines.stt import AudioError, SttConfig, Utterance, WhisperEngine
 from fairlane.policy import Priority, SttPlan
 

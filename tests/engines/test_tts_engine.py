@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fairlane import models
+from fairlane.engines import models
+from fairlane.engines.numbers import number_words
 from fairlane.engines.tts import (
     Lexicon,
     PiperVoice,
@@ -15,8 +16,7 @@ from fairlane.engines.tts import (
     split_sentences,
     to_espeak,
 )
-from fairlane.synthesis import SentenceBuffer, sentences_of
-from fairlane.text import number_words
+from fairlane.voice.synthesis import SentenceBuffer, sentences_of
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fairlane import models
 from fairlane.api.common import ApiError
 from fairlane.api.response_format import output_grammar
+from fairlane.engines import models
 
 lc.llama_backend_init()
 _params = lc.llama_model_default_params()

@@ -10,7 +10,7 @@ from typing import Any
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from fairlane.openapi import OPENAPI
+from fairlane.api.openapi import OPENAPI
 from fairlane.server import BackgroundServer, create_app
 from tests.server.conftest import MODEL_WAIT_S, TOKEN
 

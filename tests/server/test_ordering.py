@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import openai
 import pytest
 
-from fairlane.device import StepRecord
-from fairlane.metrics import percentile
 from fairlane.policy import Priority
+from fairlane.runtime.device import StepRecord
+from fairlane.runtime.metrics import percentile
 from fairlane.server import BackgroundServer
 from tests.server.conftest import TOKEN, server_config
 

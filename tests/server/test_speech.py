@@ -18,8 +18,8 @@ from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.info import Describe, Info
 
-from fairlane.metrics import word_error_rate
 from fairlane.policy import Kind, Priority
+from fairlane.runtime.metrics import word_error_rate
 from fairlane.server import BackgroundServer
 from tests.server.conftest import TOKEN
 from tests.server.test_chat_api import http

@@ -26,8 +26,8 @@ from wyoming.tts import (
     SynthesizeStopped,
 )
 
-from fairlane.metrics import word_error_rate
 from fairlane.policy import Kind, Priority
+from fairlane.runtime.metrics import word_error_rate
 from fairlane.server import BackgroundServer
 from tests.server.conftest import TOKEN
 from tests.server.test_chat_api import http

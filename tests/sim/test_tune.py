@@ -6,9 +6,9 @@ import pytest
 import yaml
 
 from fairlane import config
+from fairlane.bench.tune import Trial, _line, config_file, search
 from fairlane.cli import main
 from fairlane.sim import default_workload, scenario
-from fairlane.tune import Trial, _line, config_file, search
 
 
 def test_a_straight_line_through_the_measurements() -> None:

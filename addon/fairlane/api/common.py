@@ -17,20 +17,20 @@ from aiohttp.http_exceptions import HttpProcessingError
 from wyoming.server import AsyncTcpServer
 
 from fairlane import config as config_mod
-from fairlane.chat import ChatTemplate
-from fairlane.components import Component
-from fairlane.device import Devices
-from fairlane.documents import DocumentStore
+from fairlane.documents.store import DocumentStore
+from fairlane.engines.chat_template import ChatTemplate
 from fairlane.engines.embed import EmbeddingEngine
 from fairlane.engines.llm import (
     LlamaEngine,
 )
-from fairlane.placement import Placement
+from fairlane.engines.placement import Placement
 from fairlane.policy import Admission, Kind, Priority
-from fairlane.remote import RemoteLane
-from fairlane.synthesis import VoiceService
-from fairlane.telemetry import Telemetry
-from fairlane.wyoming_server import SpeechService, WyomingServices
+from fairlane.runtime.components import Component
+from fairlane.runtime.device import Devices
+from fairlane.runtime.remote import RemoteLane
+from fairlane.runtime.telemetry import Telemetry
+from fairlane.voice.synthesis import VoiceService
+from fairlane.voice.wyoming import SpeechService, WyomingServices
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ class Services:
     index_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     summary_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)
-    instance_id: str = ""  # this server's stable id (`fairlane.identity`)
+    instance_id: str = ""  # this server's stable id (`fairlane.runtime.identity`)
     placements: list[Placement] = field(default_factory=list)  # where each engine runs
     data_lock: Any = None  # the data directory's lock file, held while the server runs
     # The long-running parts (indexer, summariser) and their health, for /health.

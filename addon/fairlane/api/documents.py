@@ -26,8 +26,7 @@ from fairlane.api.common import (
     validate,
 )
 from fairlane.api.embeddings import embed_all
-from fairlane.components import Component, supervise
-from fairlane.documents import (
+from fairlane.documents.store import (
     SUMMARY_PIECE_TOKENS,
     SUMMARY_PIECE_WORDS,
     DocumentError,
@@ -38,6 +37,7 @@ from fairlane.documents import (
 )
 from fairlane.engines.embed import EmbeddingEngine
 from fairlane.policy import Priority
+from fairlane.runtime.components import Component, supervise
 
 _LOGGER = logging.getLogger(__name__)
 

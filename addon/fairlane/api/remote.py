@@ -4,7 +4,7 @@ configuration).
 A chat request is passed on as it came (less Fairlane's own fields), so the remote
 renders it with its own model's template and honours tools and structured output itself; its
 stream is passed back chunk by chunk under this server's completion id. Admission, class
-order, fairness and the window are the lane's (`fairlane.remote`); the latencies go into the
+order, fairness and the window are the lane's (`fairlane.runtime.remote`); the latencies go into the
 same per-class figures as local work.
 """
 
@@ -24,7 +24,7 @@ from aiohttp import web
 
 from fairlane.api.common import ApiError, Services, refused
 from fairlane.policy import Kind, Priority, Request
-from fairlane.remote import RemoteCancelled, RemoteError, RemoteLane, RemoteRefused
+from fairlane.runtime.remote import RemoteCancelled, RemoteError, RemoteLane, RemoteRefused
 
 # Fields that are this server's, not the remote's (the lane sends the class in the
 # X-Fairlane-Class header, which another Fairlane reads and other engines ignore).

@@ -18,7 +18,7 @@ from fairlane.api.common import (
 )
 from fairlane.engines.stt import AudioError, Utterance, decode_audio
 from fairlane.policy import Kind, Priority
-from fairlane.speech import Cancelled, Expired, Refused, transcribe
+from fairlane.voice.transcription import Cancelled, Expired, Refused, transcribe
 
 # --- speech-to-text ----------------------------------------------------------------------------
 

@@ -31,8 +31,8 @@ from fairlane.api.common import (
 )
 from fairlane.engines.tts import TextError, wav_bytes
 from fairlane.policy import Priority
-from fairlane.speech import Cancelled, Expired, Refused
-from fairlane.synthesis import VoiceService, sentences_of, speak
+from fairlane.voice.synthesis import VoiceService, sentences_of, speak
+from fairlane.voice.transcription import Cancelled, Expired, Refused
 
 PCM_RATE = 24_000  # OpenAI's `pcm` is 24 kHz 16-bit little-endian mono
 # Formats PyAV encodes (format → (container, codec, sample rate)); wav and pcm need no encoder.

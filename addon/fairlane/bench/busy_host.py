@@ -38,9 +38,9 @@ from typing import Any
 
 import yaml
 
-from fairlane import host
 from fairlane.bench.servers import ServerProcess, free_port, post_transcription, stream_chat
-from fairlane.metrics import percentile
+from fairlane.runtime import host
+from fairlane.runtime.metrics import percentile
 
 TARGETS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     # name: (environment over the server's own, config sections)
@@ -48,11 +48,12 @@ TARGETS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "spin300k": ({"GOMP_SPINCOUNT": "300000"}, {}),
     "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, {}),
     "threads1": ({"GOMP_SPINCOUNT": "300000"}, {"llm": {"threads": 1}}),
-    "shell": ({"GOMP_SPINCOUNT": "300000"}, {}),  # and fairlane.host skipped: see _server
+    "shell": ({"GOMP_SPINCOUNT": "300000"}, {}),  # and fairlane.runtime.host skipped: see _server
 }
 # The server started without its own thread settings, as from a shell before they existed.
 WITHOUT_HOST = (
-    "import sys\nfrom fairlane import cli, host\nhost.configure = lambda environ=None: {}\n"
+    "import sys\nfrom fairlane import cli\nfrom fairlane.runtime import host\n"
+    "host.configure = lambda environ=None: {}\n"
     "sys.exit(cli.main(sys.argv[1:]))\n"
 )
 # Busy until killed, for 10 minutes at most, and never beyond the bench (its parent).

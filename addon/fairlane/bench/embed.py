@@ -19,9 +19,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from fairlane import models
 from fairlane.bench.servers import fairlane_server, stream_chat
-from fairlane.metrics import percentile
+from fairlane.engines import models
+from fairlane.runtime.metrics import percentile
 
 NOTES = [
     "The dishwasher's eco programme washes at 45 degrees and takes three hours.",
@@ -158,7 +158,7 @@ def search_latency(sizes: list[int], dimensions: int = 384, queries: int = 50) -
 
     import numpy as np
 
-    from fairlane.documents import DocumentStore
+    from fairlane.documents.store import DocumentStore
 
     rng = np.random.default_rng(0)
     out: dict[str, Any] = {}

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fairlane import models
 from fairlane.bench.servers import (
     ServerProcess,
     StreamTiming,
@@ -47,8 +46,9 @@ from fairlane.bench.servers import (
     post_transcription,
     stream_chat,
 )
-from fairlane.metrics import RequestRecord, percentile
+from fairlane.engines import models
 from fairlane.policy import Kind, Priority, Slo
+from fairlane.runtime.metrics import RequestRecord, percentile
 from fairlane.sim.workload import Job, Workload
 
 PHASES = ("interactive", "background", "mixed")

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fairlane import models
 from fairlane.bench.servers import (
     ServerProcess,
     StreamTiming,
@@ -26,7 +25,8 @@ from fairlane.bench.servers import (
     free_port,
     stream_chat,
 )
-from fairlane.metrics import percentile
+from fairlane.engines import models
+from fairlane.runtime.metrics import percentile
 
 COUNT = [{"role": "user", "content": "Count from 1 to 300, separated by commas."}]
 SHORT_CHAT = [{"role": "user", "content": "Suggest a name for a kitten. One word."}]

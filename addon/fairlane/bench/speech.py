@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fairlane import models
 from fairlane.bench.servers import fairlane_server, post_transcription
+from fairlane.engines import models
 from fairlane.engines.stt import decode_audio
-from fairlane.metrics import percentile, word_error_rate
+from fairlane.runtime.metrics import percentile, word_error_rate
 
 MODELS = ("whisper-tiny.en", "whisper-base")
 # The server runs one greedy `generate()` without timestamps; `transcribe()` configured the same.

@@ -34,10 +34,10 @@ import wave
 from pathlib import Path
 from typing import Any
 
-from fairlane import models
 from fairlane.bench.family import BASELINES, _wyoming_ready
 from fairlane.bench.servers import ServerProcess, fairlane_server, free_port
-from fairlane.metrics import percentile
+from fairlane.engines import models
+from fairlane.runtime.metrics import percentile
 
 SILENCE_S = 0.7  # Home Assistant's VAD: silence before it ends an utterance (default sensitivity)
 CHUNK = 1024  # bytes: 32 ms of 16 kHz 16-bit audio

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from fairlane.placement import Placement, kind, onnx_placement
+from fairlane.engines.placement import Placement, kind, onnx_placement
 from fairlane.policy import EmbedPlan, SeqOutput, StepResult
 
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -165,7 +165,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def onnx_model(model_path: Path, int8: bool, cache_dir: Path | None = None) -> Path:
     """The model exported to ONNX (and quantised), made once and cached; needs torch to make."""
-    from fairlane.models import cache_dir as default_cache
+    from fairlane.engines.models import cache_dir as default_cache
 
     key = hashlib.sha256(str(model_path.resolve()).encode()).hexdigest()[:12]
     folder = (cache_dir or default_cache()) / f"onnx-{model_path.name}-{key}"

@@ -19,7 +19,7 @@ from typing import Any
 
 import llama_cpp as lc
 
-from fairlane.placement import Placement
+from fairlane.engines.placement import Placement
 from fairlane.policy import LlmPlan, SeqOutput, StepResult
 
 

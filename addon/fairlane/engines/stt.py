@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fairlane.placement import Placement, kind
+from fairlane.engines.placement import Placement, kind
 from fairlane.policy import SeqOutput, StepResult, SttPlan
 
 SAMPLE_RATE = 16_000

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fairlane.placement import onnx_placement
+from fairlane.engines.numbers import ONES, number_words
+from fairlane.engines.placement import onnx_placement
 from fairlane.policy import SeqOutput, StepResult, TtsPlan
-from fairlane.text import ONES, number_words
 
 MAX_SENTENCE_CHARS = 240  # a longer sentence is cut at a comma or a space: one step stays short
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for /v1/audio/speech input

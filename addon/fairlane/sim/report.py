@@ -6,8 +6,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from fairlane.metrics import RequestRecord, jain, percentile
 from fairlane.policy import Kind, Priority, Slo
+from fairlane.runtime.metrics import RequestRecord, jain, percentile
 from fairlane.sim.simulator import SimResult, Step
 
 QUANTILES = (50, 95, 99)

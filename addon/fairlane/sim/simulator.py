@@ -13,7 +13,6 @@ import itertools
 import random
 from dataclasses import dataclass
 
-from fairlane.metrics import RequestRecord
 from fairlane.policy import (
     CostModel,
     IdlePlan,
@@ -27,6 +26,7 @@ from fairlane.policy import (
     StepResult,
 )
 from fairlane.policy.base import class_seconds
+from fairlane.runtime.metrics import RequestRecord
 from fairlane.sim.workload import Job, Loop, Workload
 
 

@@ -8,8 +8,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from fairlane.engines.numbers import number_words
 from fairlane.policy import Kind, Priority, Slo
-from fairlane.text import number_words
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

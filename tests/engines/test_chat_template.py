@@ -6,7 +6,12 @@ import json
 
 import pytest
 
-from fairlane.chat import ChatTemplate, ChatTemplateError, may_be_tool_call, parse_tool_calls
+from fairlane.engines.chat_template import (
+    ChatTemplate,
+    ChatTemplateError,
+    may_be_tool_call,
+    parse_tool_calls,
+)
 
 TOOLS = [{"type": "function", "function": {"name": "light_turn_on", "parameters": {}}}]
 

@@ -6,10 +6,10 @@ import asyncio
 import uuid
 from typing import Any
 
-from fairlane.device import Devices
 from fairlane.engines.stt import TranscriptEvent, Utterance, WhisperEngine
 from fairlane.policy import Admission, Kind, Priority, Request
-from fairlane.telemetry import Telemetry
+from fairlane.runtime.device import Devices
+from fairlane.runtime.telemetry import Telemetry
 
 
 class Refused(Exception):

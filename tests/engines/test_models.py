@@ -7,7 +7,7 @@ from importlib import resources
 
 import pytest
 
-from fairlane import models
+from fairlane.engines import models
 
 PART = ("fairlane", "profiles/h100.yaml")  # any file inside an installed package will do
 

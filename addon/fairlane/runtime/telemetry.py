@@ -1,8 +1,8 @@
 """What people feel, measured at the server: TTFT, ITL, E2E per class, plus throughput.
 
 Times are taken where the client is served (when a token is handed to the HTTP response), with
-the definitions of fairlane.metrics. `/v1/stats` reads a sliding window; `/metrics` exports the
-same observations as Prometheus histograms.
+the definitions of fairlane.runtime.metrics. `/v1/stats` reads a sliding window; `/metrics`
+exports the same observations as Prometheus histograms.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from fairlane.metrics import RequestRecord, percentile
 from fairlane.policy import Kind, PolicyConfig, Priority
+from fairlane.runtime.metrics import RequestRecord, percentile
 
 _LATENCY_BUCKETS = (
     0.01,

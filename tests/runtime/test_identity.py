@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fairlane.identity import FILE, instance_id
+from fairlane.runtime.identity import FILE, instance_id
 
 
 def test_the_id_is_kept_across_starts_and_differs_between_data_dirs(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from fairlane.config import RemoteConfig
 from fairlane.policy import Kind, PolicyConfig, Priority, Request
-from fairlane.remote import Breaker, RemoteError, RemoteLane
+from fairlane.runtime.remote import Breaker, RemoteError, RemoteLane
 
 
 class Clock:

@@ -94,7 +94,7 @@ def calibrate(threads: int, fixtures: Path, name: str = "this-machine") -> dict[
 
 def _embed_costs(threads: int) -> tuple[float, float]:
     """Embedding steps at several padded sizes: (base ms, ms per padded token)."""
-    from fairlane import models
+    from fairlane.engines import models
     from fairlane.engines.embed import EmbedConfig, EmbeddingEngine
     from fairlane.policy import EmbedPlan
 
@@ -120,7 +120,7 @@ def _embed_costs(threads: int) -> tuple[float, float]:
 
 def _stt_costs(threads: int, fixtures: Path) -> tuple[float, float]:
     """Speech steps of 1, 2 and 4 utterances: (base ms, ms per utterance)."""
-    from fairlane import models
+    from fairlane.engines import models
     from fairlane.engines.stt import SttConfig, Utterance, WhisperEngine, decode_audio
     from fairlane.policy import SttPlan
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from fairlane.metrics import jain, normalize_words, percentile, word_error_rate
+from fairlane.runtime.metrics import jain, normalize_words, percentile, word_error_rate
 
 
 def test_numbers_and_punctuation_are_normalised_before_counting_words() -> None:

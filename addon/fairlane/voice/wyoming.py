@@ -61,7 +61,6 @@ from wyoming.tts import (
 )
 
 from fairlane import __version__
-from fairlane.device import Devices
 from fairlane.engines.stt import (
     MAX_DECODE_S,
     SAMPLE_RATE,
@@ -72,9 +71,10 @@ from fairlane.engines.stt import (
 )
 from fairlane.engines.tts import TextError
 from fairlane.policy import Priority
-from fairlane.speech import Cancelled, Expired, Refused, transcribe
-from fairlane.synthesis import SentenceBuffer, VoiceService, sentences_of, speak
-from fairlane.telemetry import Telemetry
+from fairlane.runtime.device import Devices
+from fairlane.runtime.telemetry import Telemetry
+from fairlane.voice.synthesis import SentenceBuffer, VoiceService, sentences_of, speak
+from fairlane.voice.transcription import Cancelled, Expired, Refused, transcribe
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterab
 from dataclasses import dataclass
 from typing import Any
 
-from fairlane.device import Devices
 from fairlane.engines.tts import (
     MAX_INPUT_CHARS,
     AudioEvent,
@@ -27,8 +26,9 @@ from fairlane.engines.tts import (
     split_sentences,
 )
 from fairlane.policy import Kind, Priority, Request
-from fairlane.speech import Cancelled, Expired, Refused
-from fairlane.telemetry import Telemetry
+from fairlane.runtime.device import Devices
+from fairlane.runtime.telemetry import Telemetry
+from fairlane.voice.transcription import Cancelled, Expired, Refused
 
 # A sentence is complete at . ! ? ; : followed by white space, or at a line break.
 _BOUNDARY = re.compile(r"[.!?;:][\"')\]]*\s|\n")

@@ -1,9 +1,10 @@
-"""The server's thread environment is its own (fairlane.host), and Wyoming's access rules."""
+"""The server's thread environment is its own (fairlane.runtime.host), and Wyoming's access
+rules."""
 
 from __future__ import annotations
 
-from fairlane import host
-from fairlane.wyoming_server import beyond_loopback, client_allowed, networks
+from fairlane.runtime import host
+from fairlane.voice.wyoming import beyond_loopback, client_allowed, networks
 
 
 def test_a_plain_shell_gets_the_servers_thread_settings() -> None:

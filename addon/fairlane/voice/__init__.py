@@ -1,0 +1,2 @@
+"""The voice front ends: one transcription, synthesis sentence by sentence, and the Wyoming
+server."""
