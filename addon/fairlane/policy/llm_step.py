@@ -1,0 +1,182 @@
+"""The LLM iteration (rules 3–5): every interactive stream's next token, interactive prompts in
+chunks, and background work riding along in what the ITL budgets leave, within token, time and
+KV budgets. Modelled on vLLM v1's `schedule()`: running sequences first, then waiting ones."""
+
+from __future__ import annotations
+
+from fairlane.policy.base import IterationBuilder
+from fairlane.policy.lanes import INTERACTIVE, LaneChoice, Lanes, as_urgent, less_urgent, tighter
+from fairlane.policy.plan import LlmPlan
+from fairlane.policy.request import Kind, Priority, Request, Status
+
+
+class LlmIteration(Lanes):
+    def _plan_llm(self, choice: LaneChoice, now: float) -> LlmPlan | None:
+        """Rules 3–5: running decodes, then prefill chunks, within token, time and KV budgets.
+
+        A step owed to background (rule 8) carries background work and the interactive decodes
+        (they never miss a token), but no interactive prompt: it is background's slice.
+        """
+        batch = IterationBuilder(self.cost, self.config.max_batch_tokens, self.config.max_num_seqs)
+        preempted: list[str] = []
+        if choice.owed:
+            decodes = [r for r in self._by_urgency(interactive=True) if r.is_decode]
+            decode_cost = self.cost.llm_s(0, len(decodes), 0) - self.cost.llm_s(0, 0, 0)
+            self._schedule_background(batch, preempted, self.config.slice_s - decode_cost, now)
+            if not batch.chunks:
+                return None  # background cannot run on this lane now: the next lane may
+            self._schedule_interactive_decodes(batch, preempted)
+            return batch.plan(preempted)
+        self._schedule_interactive_decodes(batch, preempted)
+        itl_limits = self._itl_limits(batch, now)
+        self._schedule_interactive_prefills(batch, preempted, itl_limits, now)
+        # Background rides along only in an iteration that carries no interactive prompt (its
+        # TTFT is running) and only while the iteration still delivers every interactive token
+        # when it is due; with no interactive work, the lane's budget bounds it.
+        carries_prompt = any(c.priority.interactive and not c.decode for c in batch.chunks)
+        if not carries_prompt:
+            budget_s = choice.budget_s or self.config.slice_s
+            limit_s = tighter(itl_limits[Priority.BACKGROUND], budget_s)
+            self._schedule_background(batch, preempted, limit_s, now)
+        if not batch.chunks:
+            return None
+        return batch.plan(preempted)
+
+    def _itl_limits(self, batch: IterationBuilder, now: float) -> dict[Priority, float | None]:
+        """For each class, how long this iteration may run and still deliver, on time, the next
+        token of every decode of that class or a more urgent one (rule 4).
+
+        The time is counted from each stream's last token, not from now: time already spent
+        since then (an embedding step in the slack) is not spent twice.
+        """
+        remaining: dict[Priority, float] = {}
+        for chunk in batch.chunks:
+            request = self.requests[chunk.request_id]
+            budget = self._itl_budget(request)
+            if not chunk.decode or budget is None or request.last_token_at is None:
+                continue
+            left = request.last_token_at + budget - now
+            remaining[chunk.priority] = min(remaining.get(chunk.priority, left), left)
+        limits: dict[Priority, float | None] = {}
+        tightest: float | None = None
+        for priority in Priority:
+            if priority in remaining:
+                left = remaining[priority]
+                tightest = left if tightest is None else min(tightest, left)
+            limits[priority] = tightest
+        return limits
+
+    def _by_urgency(self, interactive: bool) -> list[Request]:
+        return sorted(
+            (r for r in self.running.values() if r.priority.interactive is interactive),
+            key=lambda r: (r.priority, r.order),
+        )
+
+    def _schedule_interactive_decodes(self, batch: IterationBuilder, preempted: list[str]) -> None:
+        """Every interactive stream gets its next token in every iteration (rule 3)."""
+        for request in self._by_urgency(interactive=True):
+            if batch.full:
+                return
+            if request.status is Status.RUNNING and request.is_decode:
+                tokens = request.computed_tokens + 1
+                if self._make_room(request, tokens, batch, preempted, as_urgent(request)):
+                    batch.add(request, 1)
+
+    def _schedule_interactive_prefills(
+        self,
+        batch: IterationBuilder,
+        preempted: list[str],
+        itl_limits: dict[Priority, float | None],
+        now: float,
+    ) -> None:
+        """Rule 4 for interactive prompts: half-done ones first, then new ones by class and VTC.
+
+        An interactive prompt is chunked too, to `arrival_wait_s`: a voice command that arrives
+        during a chat prompt's prefill waits for one chunk, not the whole prompt.
+        """
+        wait_s = self.config.arrival_wait_s
+        for request in self._by_urgency(interactive=True):
+            if request.status is Status.RUNNING and not request.is_decode:
+                limit = tighter(itl_limits[request.priority], wait_s)
+                self._add_prefill(request, batch, preempted, limit)
+        for priority in INTERACTIVE:
+            queue = self.waiting[Kind.LLM, priority]
+            limit = tighter(itl_limits[priority], wait_s)
+            while (waiting := queue.peek()) is not None and waiting.id not in preempted:
+                if not self._add_prefill(waiting, batch, preempted, limit, now):
+                    break
+
+    def _schedule_background(
+        self, batch: IterationBuilder, preempted: list[str], limit_s: float, now: float
+    ) -> None:
+        """Background decodes, then background prefill, while the iteration fits in `limit_s`."""
+        running = self._by_urgency(interactive=False)
+        for request in running:
+            if batch.full:
+                return
+            if request.status is not Status.RUNNING or not request.is_decode:
+                continue
+            extra = batch.predicted_s(decodes=1, context=request.computed_tokens + 1)
+            if batch.chunks and extra > limit_s:
+                return
+            tokens = request.computed_tokens + 1
+            if self._make_room(request, tokens, batch, preempted, as_urgent(request)):
+                batch.add(request, 1)
+        prefilling = [r for r in running if r.status is Status.RUNNING and not r.is_decode]
+        for request in prefilling:
+            if not self._add_prefill(request, batch, preempted, limit_s):
+                return
+        queue = self.waiting[Kind.LLM, Priority.BACKGROUND]
+        reserve = self.config.kv_reserve_blocks
+        while (waiting := queue.peek()) is not None and waiting.id not in preempted:
+            # Rule 5: a background prompt starts only when all of it fits beside the
+            # watermark, so the next interactive arrival does not preempt it at once. (It
+            # always can eventually: admission refused any that could never fit.)
+            if not self.kv.can_hold(waiting.id, waiting.kv_tokens(waiting.target_tokens), reserve):
+                return
+            if not self._add_prefill(waiting, batch, preempted, limit_s, now):
+                return
+
+    def _add_prefill(
+        self,
+        request: Request,
+        batch: IterationBuilder,
+        preempted: list[str],
+        budget_s: float | None,
+        now: float | None = None,
+    ) -> bool:
+        """Add the largest chunk of `request`'s prompt that the budgets allow.
+
+        Progress is guaranteed: the first interactive prompt of an iteration, or anything in an
+        otherwise empty one, gets at least `min_prefill_chunk` tokens even when the decodes
+        already fill the time budget. `now` is given for a waiting request, which also needs a
+        sequence slot: an interactive one takes a background sequence's slot (rule 5).
+        """
+        room = batch.prefill_room(budget_s)
+        if room < self.config.min_prefill_chunk:
+            guaranteed = not batch.chunks or (request.priority.interactive and not batch.prefill)
+            if not guaranteed:
+                return False
+            room = min(self.config.min_prefill_chunk, batch.token_room)
+        num_tokens = min(request.remaining_prefill, room)
+        if num_tokens <= 0 or (request.status is Status.WAITING and batch.full):
+            return False
+        positions = request.computed_tokens + num_tokens
+        if request.status is Status.WAITING:
+            # A new sequence only takes KV, or a slot, from strictly less urgent classes.
+            slot_victim: Request | None = None
+            if len(self.running) >= self.config.max_num_seqs:
+                victims = self._victims(request, batch, less_urgent(request))
+                if not victims:
+                    return False
+                slot_victim = victims[0]
+            if not self._make_room(
+                request, positions, batch, preempted, less_urgent(request), slot_victim
+            ):
+                return False
+            assert now is not None
+            self._dispatch(request, now)
+        elif not self._make_room(request, positions, batch, preempted, as_urgent(request)):
+            return False
+        batch.add(request, num_tokens)
+        return True
