@@ -145,7 +145,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _bench_family(args: argparse.Namespace, threads: int) -> object:
-    from fairlane.bench.family import PHASES, TARGETS, family, format_ratios, format_rows
+    from fairlane.bench.family import family
+    from fairlane.bench.family_play import PHASES
+    from fairlane.bench.family_report import format_ratios, format_rows
+    from fairlane.bench.family_targets import TARGETS
     from fairlane.sim import default_workload, scenario
 
     targets = [t for t in (args.targets or "fairlane,fcfs,separate").split(",") if t]
@@ -169,7 +172,7 @@ def _bench_family(args: argparse.Namespace, threads: int) -> object:
     result["workload"] = scn.workload.name
     result["slo"] = {p.label: vars(s) for p, s in scn.workload.slo.items()}
     if args.plot:
-        from fairlane.bench.family import plot
+        from fairlane.bench.family_report import plot
 
         plot(result, Path(args.plot))
         print(f"plot: {args.plot}")

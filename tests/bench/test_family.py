@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fairlane.bench.family import Played, Prompts, family, ratios, summarize
+from fairlane.bench.family import family
+from fairlane.bench.family_load import Prompts
+from fairlane.bench.family_play import Played
+from fairlane.bench.family_report import ratios, summarize
 from fairlane.policy import Kind, Priority, Slo
 from fairlane.runtime.metrics import RequestRecord
 from fairlane.sim.workload import Job, load

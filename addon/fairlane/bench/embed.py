@@ -38,7 +38,7 @@ def sentence_transformers_onnx_int8(corpus: list[str], threads: int) -> dict[int
     baseline's own virtual environment (its dependencies conflict with Fairlane's)."""
     import subprocess
 
-    from fairlane.bench.family import BASELINES, embedding_model_copy
+    from fairlane.bench.family_targets import BASELINES, embedding_model_copy
 
     python = BASELINES / "embedding-server/bin/python"
     if not python.is_file():

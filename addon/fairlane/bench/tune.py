@@ -239,15 +239,11 @@ def verify(
 ) -> list[dict[str, Any]]:
     """The best settings on the real server (bench family's mixed phase): measured beside
     predicted."""
-    from fairlane.bench.family import (
-        FairlaneTarget,
-        Played,
-        Player,
-        Prompts,
-        recordings,
-        summarize,
-        warm_up,
-    )
+    from fairlane.bench.family import warm_up
+    from fairlane.bench.family_load import Prompts, recordings
+    from fairlane.bench.family_play import Played, Player
+    from fairlane.bench.family_report import summarize
+    from fairlane.bench.family_targets import FairlaneTarget
 
     audio = recordings(workload, fixtures)
     prompts = Prompts(seed=0)

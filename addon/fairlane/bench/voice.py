@@ -34,7 +34,7 @@ import wave
 from pathlib import Path
 from typing import Any
 
-from fairlane.bench.family import BASELINES, _wyoming_ready
+from fairlane.bench.family_targets import BASELINES, wyoming_ready
 from fairlane.bench.servers import ServerProcess, fairlane_server, free_port
 from fairlane.engines import models
 from fairlane.runtime.metrics import percentile
@@ -248,7 +248,7 @@ def _piper_server() -> ServerProcess:
         "--uri",
         f"tcp://127.0.0.1:{port}",
     ]
-    return ServerProcess(argv, port, ready=_wyoming_ready)
+    return ServerProcess(argv, port, ready=wyoming_ready)
 
 
 def against_separate(threads: int, rounds: int) -> dict[str, Any]:
