@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from fairlane.api.documents import _chunk
 from fairlane.bench.servers import free_port
+from fairlane.documents.text import chunk
 from fairlane.server import BackgroundServer
 from tests.server.conftest import MODEL_WAIT_S, pdf_bytes
 from tests.server.test_chat_api import http
@@ -350,7 +350,7 @@ def test_a_document_stored_while_the_indexer_reads_is_not_forgotten(
     embedder = server.services.embedder
     document_id = _stored_while_reading(
         server, monkeypatch, "pending",
-        lambda store: store.add(text, _chunk(embedder, text), "Windows", None, [],
+        lambda store: store.add(text, chunk(embedder, text), "Windows", None, [],
                                 "text/plain")[0])
     deadline = time.monotonic() + 120
     while http(server, "GET", f"/v1/documents/{document_id}")[1]["status"] != "indexed":

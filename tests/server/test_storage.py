@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fairlane.api.documents import _chunk
+from fairlane.documents.text import chunk
 from fairlane.server import BackgroundServer
 from tests.server.conftest import server_config, wait_for
 from tests.server.test_chat_api import http
@@ -59,7 +59,7 @@ def test_the_indexer_is_retried_and_health_says_so_until_space_returns(
     # A document stored while there was space; its vectors come when the indexer wakes.
     text = NOTE.replace("boiler", "water heater")
     document_id, _ = svc.documents.add(
-        text, _chunk(svc.embedder, text), "Water heater", None, [], "text/plain"
+        text, chunk(svc.embedder, text), "Water heater", None, [], "text/plain"
     )
     _disk(server, full=True)
     try:
@@ -108,7 +108,7 @@ def test_a_long_document_is_chunked_in_one_pass(server: BackgroundServer) -> Non
     real = embedder.tokenizer_full
     embedder.tokenizer_full = Tokenizer(real)
     try:
-        chunks = _chunk(embedder, NOTE * 4)
+        chunks = chunk(embedder, NOTE * 4)
     finally:
         embedder.tokenizer_full = real
     assert len(chunks) > 10

@@ -32,7 +32,7 @@ from fairlane.api.common import (
 )
 from fairlane.api.remote import lane_for, remote_chat, remote_generate
 from fairlane.api.response_format import output_grammar
-from fairlane.documents.store import DocumentError, extract_text
+from fairlane.documents.text import DocumentError, extract_text
 from fairlane.engines.chat_template import ChatTemplateError, may_be_tool_call, parse_tool_calls
 from fairlane.engines.llm import (
     SamplingParams,

@@ -1,4 +1,5 @@
-"""Household documents and summaries over HTTP, and the workers that index and summarise them."""
+"""Household documents and summaries over HTTP, and the start of the workers that index and
+summarise them (`fairlane.documents.workers`), given the device through this API's own calls."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import functools
 import logging
 from typing import Any
 
+import numpy as np
 import voluptuous as vol
 from aiohttp import web
 
@@ -26,25 +28,15 @@ from fairlane.api.common import (
     validate,
 )
 from fairlane.api.embeddings import embed_all
-from fairlane.documents.store import (
-    SUMMARY_PIECE_TOKENS,
-    SUMMARY_PIECE_WORDS,
-    DocumentError,
-    DocumentStore,
-    chunk_tokens,
-    extract_text,
-    progress,
-)
-from fairlane.engines.embed import EmbeddingEngine
+from fairlane.documents.store import DocumentStore, progress
+from fairlane.documents.text import DocumentError, chunk, extract_text
+from fairlane.documents.workers import Busy, index_forever, summarise_forever
 from fairlane.policy import Priority
 from fairlane.runtime.components import Component, supervise
 
 _LOGGER = logging.getLogger(__name__)
 
 # --- documents ------------------------------------------------------------------------------------
-
-CHUNK_TOKENS, CHUNK_OVERLAP = 200, 40
-
 
 def _documents(request: web.Request) -> tuple[Services, DocumentStore]:
     svc = services_of(request)
@@ -85,7 +77,7 @@ async def add_document(request: web.Request) -> web.Response:
         text = await asyncio.to_thread(extract_text, data, content_type)
     except DocumentError as err:
         raise ApiError(err.status, str(err), param="file", code="bad_document") from err
-    chunks = await asyncio.to_thread(_chunk, embedder, text)
+    chunks = await asyncio.to_thread(chunk, embedder, text)
     title = meta["title"] or text.splitlines()[0][:80]
     document_id, created = await asyncio.to_thread(
         store.add, text, chunks, title, meta["source"], meta["tags"], content_type
@@ -95,17 +87,6 @@ async def add_document(request: web.Request) -> web.Response:
     return web.json_response({**document, "unchanged": not created}, status=202 if created else 200)
 
 
-def _chunk(embedder: EmbeddingEngine, text: str) -> list[tuple[str, list[int]]]:
-    """Token-aware overlapping chunks of `text`, each with the token ids it will embed."""
-    encoding = embedder.tokenizer_full.encode(text, add_special_tokens=False)
-    # Read once: each access to `.offsets` or `.ids` copies the whole list out of the
-    # tokenizer (read per chunk, a 1 MB document took 281 s to be accepted).
-    ids, offsets = encoding.ids, encoding.offsets
-    chunks = []
-    for start, end in chunk_tokens(ids, CHUNK_TOKENS, CHUNK_OVERLAP):
-        piece = text[offsets[start][0] : offsets[end - 1][1]]
-        chunks.append((piece, embedder.tokenize([piece])[0]))
-    return chunks
 
 
 DOCUMENT_REQUEST = vol.Schema(
@@ -202,40 +183,6 @@ async def job(request: web.Request) -> web.Response:
     raise ApiError(404, f"no job {job_id!r}", code="not_found")
 
 
-async def _index_forever(svc: Services, health: Component) -> None:
-    """Embed chunks that have no vector yet, oldest documents first, until cancelled (a
-    failure ends it: its supervisor reports it and starts it again)."""
-    assert svc.documents is not None and svc.embedder is not None
-    while True:
-        # Cleared before the read, never after: a document stored while the read runs sets
-        # the event again, so its wake-up is not lost.
-        svc.index_wakeup.clear()
-        batch = await asyncio.to_thread(svc.documents.pending, 256)
-        # Well only when the work is done: all indexed, or a batch stored. (Reading what is
-        # pending works on a full disk too; said then, /health said ok between every retry.)
-        if not batch:
-            health.ok()
-            await svc.index_wakeup.wait()
-            continue
-        try:
-            vectors = await embed_all(
-                svc,
-                [tokens for _, _, tokens in batch],
-                Priority.BACKGROUND,
-                "documents",
-                durable=True,
-            )
-        except ApiError as err:  # refused (queue full): try again shortly
-            _LOGGER.warning("indexing paused: %s", err.message)
-            await asyncio.sleep(1.0)
-            continue
-        items = [
-            (chunk_id, vector) for (chunk_id, _, _), vector in zip(batch, vectors, strict=True)
-        ]
-        await asyncio.to_thread(svc.documents.store_vectors, items)
-        health.ok()
-
-
 # --- summaries --------------------------------------------------------------------------------
 
 SUMMARY_REQUEST = vol.Schema(
@@ -279,70 +226,33 @@ async def get_summary(request: web.Request) -> web.Response:
     return web.json_response(found[0])
 
 
-async def summarize(svc: Services, text: str, style: str, max_words: int) -> str:
-    """Map-reduce: long text is summarised in pieces (batched together), then the pieces."""
-    tokens = await asyncio.to_thread(svc.engine.tokenize, text)
-    if len(tokens) > SUMMARY_PIECE_TOKENS:
-        pieces = max(2, -(-len(tokens) // SUMMARY_PIECE_TOKENS))
-        size = -(-len(text) // pieces)
-        parts = await asyncio.gather(
-            *(
-                _summary_turn(svc, text[i : i + size], "short", SUMMARY_PIECE_WORDS)
-                for i in range(0, len(text), size)
-            )
-        )
-        text = "\n".join(parts)
-    return await _summary_turn(svc, text, style, max_words)
-
-
-async def _summary_turn(svc: Services, text: str, style: str, max_words: int) -> str:
-    shape = "as a few bullet points" if style == "bullets" else "in plain sentences"
-    messages = [
-        {
-            "role": "system",
-            "content": "You summarise household documents accurately and "
-            "briefly. Keep dates, amounts and names.",
-        },
-        {
-            "role": "user",
-            "content": f"Summarise this in at most {max_words} words, {shape}:\n\n{text}",
-        },
-    ]
-    return await generate(svc, messages, max_words * 2, Priority.BACKGROUND, "summaries")
-
-
-async def _summarise_forever(svc: Services, health: Component) -> None:
-    """Run pending summary jobs (after a restart too: a job is done only once it is stored)."""
-    assert svc.documents is not None
-    while True:
-        svc.summary_wakeup.clear()  # before the read, as the indexer does
-        pending = await asyncio.to_thread(svc.documents.pending_summaries)
-        if not pending:  # well once all is done or a job is stored, as the indexer
-            health.ok()
-            await svc.summary_wakeup.wait()
-            continue
-        for job in pending:
-            try:
-                result = await summarize(svc, job["text"], job["style"], job["max_words"])
-                error = None
-            except (RuntimeError, ValueError) as err:
-                result, error = None, str(err)
-            await asyncio.to_thread(svc.documents.finish_summary, job["id"], result, error)
-            health.ok()
-
-
 async def start_workers(app: web.Application) -> None:
+    """Start the indexer (with the embedding engine) and the summariser (with a chat model)."""
     svc = app[SERVICES]
-    if svc.documents is not None and svc.embedder is not None:
-        indexer = svc.components["indexer"] = Component("indexer")
-        app[INDEXER] = asyncio.create_task(
-            supervise(indexer, functools.partial(_index_forever, svc))
+    if svc.documents is None or svc.embedder is None:
+        return
+
+    async def embed(tokens: list[list[int]]) -> list[np.ndarray]:
+        try:
+            return await embed_all(svc, tokens, Priority.BACKGROUND, "documents", durable=True)
+        except ApiError as err:  # refused (queue full): the indexer tries again shortly
+            raise Busy(err.message) from err
+
+    async def summary_turn(messages: list[dict[str, Any]], max_tokens: int) -> str:
+        return await generate(svc, messages, max_tokens, Priority.BACKGROUND, "summaries")
+
+    indexer = svc.components["indexer"] = Component("indexer")
+    app[INDEXER] = asyncio.create_task(
+        supervise(
+            indexer, functools.partial(index_forever, svc.documents, embed, svc.index_wakeup)
         )
-        if svc.template is not None:
-            summariser = svc.components["summariser"] = Component("summariser")
-            app[SUMMARISER] = asyncio.create_task(
-                supervise(summariser, functools.partial(_summarise_forever, svc))
-            )
+    )
+    if svc.template is not None:
+        summariser = svc.components["summariser"] = Component("summariser")
+        work = functools.partial(
+            summarise_forever, svc.documents, summary_turn, svc.engine.tokenize, svc.summary_wakeup
+        )
+        app[SUMMARISER] = asyncio.create_task(supervise(summariser, work))
 
 
 async def stop_workers(app: web.Application) -> None:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import html.parser
-import io
 import json
 import sqlite3
 import threading
@@ -24,11 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-# A longer text is summarised in pieces of at most this many tokens (map), then the pieces'
-# summaries together (reduce): every turn fits the context, and the pieces batch together.
-SUMMARY_PIECE_TOKENS = 1500
-SUMMARY_PIECE_WORDS = 80
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -65,93 +58,6 @@ CREATE TABLE IF NOT EXISTS summaries (
     finished_at REAL
 );
 """
-
-
-class DocumentError(ValueError):
-    """A document that cannot be added; `status` is the HTTP status to answer with."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class _TextOfHtml(html.parser.HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.parts: list[str] = []
-        self._skip = 0
-
-    def handle_starttag(self, tag: str, attrs: Any) -> None:
-        if tag in ("script", "style"):
-            self._skip += 1
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("script", "style") and self._skip:
-            self._skip -= 1
-        elif tag in ("p", "div", "br", "li", "h1", "h2", "h3", "tr"):
-            self.parts.append("\n")
-
-    def handle_data(self, data: str) -> None:
-        if not self._skip:
-            self.parts.append(data)
-
-
-CONTENT_TYPES = {
-    "text/plain": "text",
-    "text": "text",
-    "text/markdown": "markdown",
-    "markdown": "markdown",
-    "text/html": "html",
-    "html": "html",
-    "application/pdf": "pdf",
-    "pdf": "pdf",
-}
-
-
-def extract_text(data: bytes, content_type: str) -> str:
-    """Plain text of a text, Markdown, HTML or PDF document."""
-    kind = CONTENT_TYPES.get(content_type.split(";")[0].strip().lower())
-    if kind is None:
-        raise DocumentError(
-            f"unsupported content type {content_type!r}: send text, Markdown, HTML or PDF", 415
-        )
-    if kind == "pdf":
-        from pypdf import PdfReader
-        from pypdf.errors import PdfReadError
-
-        try:
-            reader = PdfReader(io.BytesIO(data))
-            text = "\n".join(page.extract_text() or "" for page in reader.pages)
-        except (PdfReadError, ValueError, KeyError, TypeError) as err:
-            raise DocumentError(f"the PDF cannot be read: {err}") from err
-    else:
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise DocumentError("the document is not UTF-8 text") from err
-        if kind == "html":
-            parser = _TextOfHtml()
-            parser.feed(text)
-            text = "".join(parser.parts)
-    text = "\n".join(line.strip() for line in text.splitlines() if line.strip())
-    if not text:
-        raise DocumentError("the document holds no text")
-    return text
-
-
-def chunk_tokens(token_ids: list[int], size: int, overlap: int) -> list[tuple[int, int]]:
-    """Overlapping windows of `size` tokens (start, end) covering every token once at least."""
-    if len(token_ids) <= size:
-        return [(0, len(token_ids))]
-    step = size - overlap
-    spans = []
-    start = 0
-    while True:
-        end = min(start + size, len(token_ids))
-        spans.append((start, end))
-        if end == len(token_ids):
-            return spans
-        start += step
 
 
 @dataclass(frozen=True)

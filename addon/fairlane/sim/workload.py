@@ -27,7 +27,7 @@ from typing import Any
 import voluptuous as vol
 import yaml
 
-from fairlane.documents.store import SUMMARY_PIECE_TOKENS, SUMMARY_PIECE_WORDS
+from fairlane.documents.workers import SUMMARY_PIECE_TOKENS, SUMMARY_PIECE_WORDS
 from fairlane.policy import Kind, Priority, Slo
 
 Z95 = 1.6448536269514722  # the standard normal's 95th percentile
