@@ -1,4 +1,6 @@
-"""The HTTP server (aiohttp): OpenAI-compatible chat, models, stats, metrics and health.
+"""The HTTP server (aiohttp): its routes (the handlers live in `fairlane.api`), health, stats,
+metrics, the OpenAPI document made from the routes, and `fairlane serve` itself (what it runs
+is built in `fairlane.startup`).
 
 Handlers validate, render and tokenize, then hand the request to the device loop and await its
 tokens; they never block on the device. Every client-visible error has OpenAI's error shape and
@@ -47,34 +49,17 @@ from fairlane.api.documents import (
     stop_workers,
 )
 from fairlane.api.embeddings import embeddings
-from fairlane.api.openapi import OPENAPI
+from fairlane.api.openapi import document, operation, operation_of
 from fairlane.api.remote import api_error
 from fairlane.api.speech import transcriptions
 from fairlane.api.voice import speech, voices
-from fairlane.documents.store import DocumentStore, progress
-from fairlane.engines import models
-from fairlane.engines.chat_template import ChatTemplate, ChatTemplateError
-from fairlane.engines.embed import EmbedConfig as EmbedEngineConfig
-from fairlane.engines.embed import EmbeddingEngine
-from fairlane.engines.llm import (
-    EngineConfig,
-    LlamaEngine,
-    default_threads,
-)
-from fairlane.engines.placement import Placement
-from fairlane.engines.stt import SttConfig, WhisperEngine
-from fairlane.engines.tts import PiperVoice
-from fairlane.engines.tts import TtsConfig as TtsEngineConfig
-from fairlane.policy import CostModel, Kind, PolicyConfig, Priority, make_policy
-from fairlane.profiles import load as load_profile
+from fairlane.documents.store import progress
+from fairlane.policy import Kind, Priority
 from fairlane.runtime.components import storage_full
-from fairlane.runtime.device import DeviceLoop, Devices, StepRecord
-from fairlane.runtime.identity import instance_id
-from fairlane.runtime.remote import RemoteError, RemoteLane
-from fairlane.runtime.telemetry import Telemetry
+from fairlane.runtime.device import DeviceLoop, StepRecord
+from fairlane.runtime.remote import RemoteError
+from fairlane.startup import StartupError, build_services, exposure_warnings
 from fairlane.voice import wyoming
-from fairlane.voice.synthesis import VoiceService
-from fairlane.voice.wyoming import SpeechService
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -111,7 +96,6 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 # Open to everyone: liveness, and the dashboard page (it holds no data; it reads /v1/stats).
-PUBLIC_PATHS = frozenset({"/health", "/", "/dashboard"})
 
 
 def auth_middleware(server: config_mod.ServerConfig) -> Any:
@@ -160,28 +144,7 @@ def create_app(services: Services) -> web.Application:
         ],
     )
     app[SERVICES] = services
-    app.router.add_get("/health", health)
-    app.router.add_get("/", dashboard)
-    app.router.add_get("/dashboard", dashboard)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/chat/completions/{id}/cancel", cancel_completion)
-    app.router.add_post("/v1/audio/transcriptions", transcriptions)
-    app.router.add_post("/v1/audio/speech", speech)
-    app.router.add_get("/v1/audio/voices", voices)
-    app.router.add_post("/v1/embeddings", embeddings)
-    app.router.add_post("/v1/documents", add_document)
-    app.router.add_get("/v1/documents", list_documents)
-    app.router.add_post("/v1/documents/search", search_documents)
-    app.router.add_get("/v1/documents/{id}", get_document)
-    app.router.add_delete("/v1/documents/{id}", delete_document)
-    app.router.add_get("/v1/jobs", jobs)
-    app.router.add_post("/v1/summaries", add_summary)
-    app.router.add_get("/v1/summaries/{id}", get_summary)
-    app.router.add_get("/v1/jobs/{id}", job)
-    app.router.add_get("/v1/stats", stats)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/openapi.json", openapi)
+    app.add_routes(ROUTES)
     app.on_startup.append(_start_wyoming)
     app.on_startup.append(start_workers)
     app.on_cleanup.append(_stop_wyoming)
@@ -195,6 +158,14 @@ async def _close_remotes(app: web.Application) -> None:
         await lane.close()
 
 
+@operation(
+    "Liveness (no auth), answered from memory: status (degraded when an engine did not get the "
+    "device asked for, a component is retrying or a remote lane's breaker is not closed), "
+    "devices, components (indexer, summariser: state, error, failures), remotes (state, "
+    "failures, error), version, instance_id (stable per data directory), models, Wyoming port",
+    errors=(),
+    public=True,
+)
 async def health(request: web.Request) -> web.Response:
     """Liveness and what is wrong: answered from memory (no lock, no database, no device), so
     it stays fast while the device and the event loop are busy."""
@@ -233,11 +204,16 @@ async def health(request: web.Request) -> web.Response:
 DASHBOARD = Path(__file__).with_name("web") / "dashboard.html"
 
 
+@operation(
+    "The live lane dashboard (HTML; it reads /v1/stats)", ok={200: "HTML page"}, errors=(),
+    public=True,
+)
 async def dashboard(request: web.Request) -> web.FileResponse:
     """The live lane dashboard (also the add-on's ingress panel); it polls /v1/stats."""
     return web.FileResponse(DASHBOARD, headers={"Cache-Control": "no-cache"})
 
 
+@operation("Models served")
 async def list_models(request: web.Request) -> web.Response:
     svc = services_of(request)
     names = [svc.model_name] + ([svc.speech.model_name] if svc.speech else [])
@@ -247,6 +223,10 @@ async def list_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data})
 
 
+@operation(
+    "Per-class TTFT/ITL/E2E percentiles, queues, KV, device use (the LLM's loop, and every loop "
+    "in `devices`), steps, remote lanes"
+)
 async def stats(request: web.Request) -> web.Response:
     svc = services_of(request)
     body = svc.telemetry.stats(svc.device.snapshot())
@@ -267,6 +247,7 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response(body)
 
 
+@operation("Prometheus metrics", ok={200: "Prometheus text format"})
 async def metrics(request: web.Request) -> web.Response:
     svc = services_of(request)
     return web.Response(
@@ -276,8 +257,39 @@ async def metrics(request: web.Request) -> web.Response:
     )
 
 
+@operation("This document (OpenAPI 3.1)", errors=())
 async def openapi(request: web.Request) -> web.Response:
     return web.json_response(OPENAPI)
+
+
+# Every route: the app serves these, and the OpenAPI document is made from their handlers.
+ROUTES = [
+    web.get("/health", health),
+    web.get("/", dashboard),
+    web.get("/dashboard", dashboard),
+    web.get("/v1/models", list_models),
+    web.post("/v1/chat/completions", chat_completions),
+    web.post("/v1/chat/completions/{id}/cancel", cancel_completion),
+    web.post("/v1/audio/transcriptions", transcriptions),
+    web.post("/v1/audio/speech", speech),
+    web.get("/v1/audio/voices", voices),
+    web.post("/v1/embeddings", embeddings),
+    web.post("/v1/documents", add_document),
+    web.get("/v1/documents", list_documents),
+    web.post("/v1/documents/search", search_documents),
+    web.get("/v1/documents/{id}", get_document),
+    web.delete("/v1/documents/{id}", delete_document),
+    web.get("/v1/jobs", jobs),
+    web.get("/v1/jobs/{id}", job),
+    web.post("/v1/summaries", add_summary),
+    web.get("/v1/summaries/{id}", get_summary),
+    web.get("/v1/stats", stats),
+    web.get("/metrics", metrics),
+    web.get("/openapi.json", openapi),
+]
+OPENAPI = document(ROUTES)
+# Answered without a bearer token: the operations declared public.
+PUBLIC_PATHS = frozenset(route.path for route in ROUTES if operation_of(route.handler).public)
 
 
 def _device_use(device: DeviceLoop, window_s: float) -> dict[str, Any]:
@@ -318,183 +330,6 @@ def _step_summary(records: list[StepRecord], last: int = 50) -> list[dict[str, A
 
 
 # --- start-up ----------------------------------------------------------------------------------
-
-
-class StartupError(ValueError):
-    """Why the server cannot start, in one line for a person (`fairlane serve` prints it)."""
-
-
-def claim_data_dir(path: Path) -> Any:
-    """The data directory, made if needed and locked for this process: a second server on the
-    same directory would index into the same SQLite file and find nothing it had not written.
-    Returns the open lock file (the lock lasts as long as it is open)."""
-    import fcntl
-
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        lock = (path / ".lock").open("a")
-    except OSError as err:
-        raise StartupError(f"the data directory {path} cannot be used: {err.strerror}") from err
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        lock.close()
-        raise StartupError(f"another Fairlane server uses the data directory {path}") from err
-    return lock
-
-
-def build_services(cfg: config_mod.Config) -> Services:
-    """Load the model, start the device loop: everything `serve` needs, ready to use."""
-    data_dir = Path(cfg.server.data_dir).expanduser()
-    data_lock = claim_data_dir(data_dir)
-    try:
-        identity = instance_id(data_dir)
-    except OSError as err:
-        raise StartupError(f"the data directory {data_dir} cannot be written: {err}") from err
-    model_path = models.resolve_llm(cfg.llm.model)
-    engine = LlamaEngine(
-        EngineConfig(
-            model_path=model_path,
-            n_ctx=cfg.llm.n_ctx,
-            n_seq_max=cfg.llm.n_seq_max,
-            n_batch=cfg.llm.n_batch,
-            n_threads=cfg.llm.threads,
-            n_gpu_layers=cfg.llm.gpu_layers,
-            prefix_cache_tokens=cfg.engine_cache_tokens,
-        )
-    )
-    template: ChatTemplate | None = None
-    template_error: str | None = None
-    try:
-        template = ChatTemplate(
-            engine.metadata("tokenizer.chat_template"), engine.bos_text, engine.eos_text
-        )
-    except ChatTemplateError as err:
-        template_error = str(err)
-        _LOGGER.warning("%s: %s", model_path.name, err)
-    engines: dict[Kind, Any] = {Kind.LLM: engine}
-    stt: WhisperEngine | None = None
-    if cfg.stt.enabled:
-        stt = WhisperEngine(
-            SttConfig(
-                model_path=Path(models.resolve_stt(cfg.stt.model)),
-                device=cfg.stt.device,
-                compute_type=cfg.stt.compute_type,
-                threads=cfg.stt.threads or default_threads(),
-                beam_size=cfg.stt.beam_size,
-                vad=cfg.stt.vad,
-            )
-        )
-        engines[Kind.STT] = stt
-    tts: PiperVoice | None = None
-    if cfg.tts.enabled:
-        tts = PiperVoice(
-            TtsEngineConfig(
-                model_path=models.resolve_voice(cfg.tts.voice),
-                threads=cfg.tts.threads or default_threads(),
-                device=cfg.tts.device,
-            )
-        )
-        engines[Kind.TTS] = tts
-    embedder: EmbeddingEngine | None = None
-    if cfg.embed.enabled:
-        embedder = EmbeddingEngine(
-            EmbedEngineConfig(
-                model_path=models.resolve_embedder(cfg.embed.model),
-                backend=cfg.embed.backend,
-                device=cfg.embed.device,
-                threads=cfg.embed.threads or default_threads(),
-            )
-        )
-        engines[Kind.EMBED] = embedder
-    placements = [
-        engine.placement for engine in (engine, stt, tts, embedder) if engine is not None
-    ]
-    check_placements(placements, cfg.server.require_devices)
-    workers = {Kind.LLM: cfg.llm.worker, Kind.STT: cfg.stt.worker, Kind.TTS: cfg.tts.worker,
-               Kind.EMBED: cfg.embed.worker}
-    device, policy_config = start_loops(cfg, engines, workers)
-    telemetry = Telemetry(policy_config)
-    name = cfg.llm.model if cfg.llm.model in models.PACKAGED else model_path.stem
-    remotes = [RemoteLane(remote, policy_config) for remote in cfg.remotes]
-    speech = SpeechService(device, stt, telemetry, cfg.stt.model) if stt is not None else None
-    voice = VoiceService(device, tts, telemetry) if tts is not None else None
-    return Services(
-        cfg,
-        device,
-        engine,
-        template,
-        template_error,
-        telemetry,
-        name,
-        cfg.policy_name,
-        speech,
-        voice=voice,
-        embedder=embedder,
-        embed_name=cfg.embed.model,
-        instance_id=identity,
-        data_lock=data_lock,
-        placements=placements,
-        remotes=remotes,
-        documents=DocumentStore(data_dir / "fairlane.sqlite")
-        if embedder is not None
-        else None,
-    )
-
-
-def start_loops(
-    cfg: config_mod.Config, engines: dict[Kind, Any], workers: dict[Kind, str | None]
-) -> tuple[Devices, PolicyConfig]:
-    """One device loop per worker, started: engines are grouped by the `worker` their
-    section names, or else by the device they really got (`cpu`, `cuda`).
-
-    Every loop plans for the household's targets, which are set by where the LLM runs (a GPU
-    box keeps GPU targets for its CPU speech loop too, so a CPU embedding step stays short
-    enough for the next utterance); each loop's costs come from its own device's profile
-    ("auto": the CPU profile for a loop with no engine on a GPU). Returns the loops and that
-    policy configuration."""
-    llm_on_gpu = engines[Kind.LLM].placement.got == "cuda"
-    policy_config = cfg.serving_policy(load_profile(_profile(cfg, llm_on_gpu))[1])
-    groups: dict[str, dict[Kind, Any]] = {}
-    for kind, engine in engines.items():
-        groups.setdefault(workers.get(kind) or engine.placement.got, {})[kind] = engine
-    loops = []
-    for name, group in groups.items():
-        on_gpu = any(engine.placement.got == "cuda" for engine in group.values())
-        profile, _ = load_profile(_profile(cfg, on_gpu))
-        policy = make_policy(cfg.policy_name, policy_config, CostModel(profile))
-        loops.append(DeviceLoop(policy, group, name=name))
-    devices = Devices(loops)
-    devices.start()
-    if len(loops) > 1:
-        _LOGGER.info(
-            "device loops: %s",
-            "; ".join(f"{loop.name}: {', '.join(k.value for k in loop.engines)}" for loop in loops),
-        )
-    return devices, policy_config
-
-
-def _profile(cfg: config_mod.Config, on_gpu: bool) -> str:
-    """The cost profile of a device: "auto" chooses by the device the engines really got,
-    not the one they asked for."""
-    return "cpu-2core" if cfg.server.profile == "auto" and not on_gpu else cfg.profile
-
-
-class DeviceMissing(ValueError):
-    """An engine did not get the device it was asked for, and `server.require_devices` is on
-    (a ValueError: `fairlane serve` prints its message as one line and exits)."""
-
-
-def check_placements(placements: list[Placement], required: bool) -> None:
-    """Say, one line per engine, each GPU asked for and not obtained; refuse to go on when
-    the configuration requires the devices."""
-    missing = [p for p in placements if not p.ok]
-    for placement in missing:
-        _LOGGER.error("Device not obtained: %s", placement.complaint())
-    if missing and required:
-        raise DeviceMissing(
-            "; ".join(p.complaint() for p in missing) + " (server.require_devices is on)"
-        )
 
 
 async def _start_wyoming(app: web.Application) -> None:
@@ -571,27 +406,6 @@ def serve(args: argparse.Namespace) -> int:
     except OSError as err:  # a port taken, an address not here: one line, not a traceback
         raise StartupError(f"cannot listen: {err.strerror or err}") from err
     return 0
-
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def exposure_warnings(cfg: config_mod.Config) -> list[str]:
-    """What a listener beyond this machine lets anyone on the network do (said at start)."""
-    warnings = []
-    if not cfg.server.authenticated and cfg.server.host not in LOOPBACK:
-        warnings.append(
-            f"serving HTTP on {cfg.server.host} without a token: anyone on the network can use "
-            "every class, voice included (set server.token, or server.clients with ceilings)"
-        )
-    wyoming_host = cfg.wyoming.host or cfg.server.host
-    if cfg.wyoming.enabled and wyoming_host not in LOOPBACK:
-        warnings.append(
-            f"Wyoming listens on {wyoming_host} without authentication (the protocol has none): "
-            f"anyone on the network may open {cfg.wyoming.max_connections} connections at "
-            f"class {cfg.wyoming.max_class} (wyoming.max_connections, wyoming.max_class)"
-        )
-    return warnings
 
 
 async def _shutdown(services: Services) -> None:

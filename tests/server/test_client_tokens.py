@@ -12,7 +12,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from fairlane import config
 from fairlane.api.common import request_class
 from fairlane.policy import Priority
-from fairlane.server import auth_middleware, error_middleware, exposure_warnings
+from fairlane.server import auth_middleware, error_middleware
+from fairlane.startup import exposure_warnings
 
 SERVER = config.parse({
     "server": {

@@ -18,18 +18,21 @@ import voluptuous as vol
 from aiohttp import web
 
 from fairlane.api.common import (
+    DEADLINE_FIELD,
+    PRIORITY_FIELD,
     PRIORITY_NAMES,
     ApiError,
     Services,
+    chat_template,
     deadline_passed,
-    json_body,
+    read_json,
     refuse_early,
     refused,
     request_class,
     request_deadline,
     services_of,
-    validate,
 )
+from fairlane.api.openapi import WHOLE, operation
 from fairlane.api.remote import lane_for, remote_chat, remote_generate
 from fairlane.api.response_format import output_grammar
 from fairlane.documents.text import DocumentError, extract_text
@@ -48,7 +51,12 @@ _CONTENT = vol.Any(None, str, [vol.Schema({vol.Required("type"): str}, extra=vol
 MESSAGE = vol.Schema(
     {
         vol.Required("role"): _ROLES,
-        vol.Optional("content"): _CONTENT,
+        vol.Optional(
+            "content",
+            description="a string, or parts: text, and file (file.file_data a base64 data URL "
+            "of text, Markdown, HTML or PDF; its text is extracted); image and audio parts are "
+            "refused with a 400",
+        ): _CONTENT,
         vol.Optional("name"): str,
         vol.Optional("tool_calls"): vol.Any(
             None,
@@ -73,21 +81,21 @@ CHAT_REQUEST = vol.Schema(
         vol.Optional("model"): str,
         vol.Optional("stream", default=False): bool,
         vol.Optional("stream_options"): vol.Any({vol.Optional("include_usage"): bool}, None),
-        vol.Optional("max_tokens"): vol.Any(vol.All(int, vol.Range(min=1)), None),
-        vol.Optional("max_completion_tokens"): vol.Any(vol.All(int, vol.Range(min=1)), None),
+        vol.Optional("max_tokens"): vol.Any(vol.All(WHOLE, vol.Range(min=1)), None),
+        vol.Optional("max_completion_tokens"): vol.Any(vol.All(WHOLE, vol.Range(min=1)), None),
         vol.Optional("temperature"): vol.Any(
             vol.All(vol.Coerce(float), vol.Range(min=0, max=2)), None
         ),
         vol.Optional("top_p"): vol.Any(
             vol.All(vol.Coerce(float), vol.Range(min=0, max=1, min_included=False)), None
         ),
-        vol.Optional("top_k"): vol.Any(vol.All(int, vol.Range(min=0)), None),
-        vol.Optional("seed"): vol.Any(int, None),
+        vol.Optional("top_k"): vol.Any(vol.All(WHOLE, vol.Range(min=0)), None),
+        vol.Optional("seed"): vol.Any(WHOLE, None),
         vol.Optional("stop"): vol.Any(str, vol.All([str], vol.Length(max=4)), None),
         vol.Optional("n"): vol.Any(
-            vol.All(int, vol.Range(min=1, max=1, msg="only n=1 is supported")), None
+            vol.All(WHOLE, vol.Range(min=1, max=1, msg="only n=1 is supported")), None
         ),
-        vol.Optional("user"): vol.Any(str, None),
+        vol.Optional("user", description="the household member (fairness)"): vol.Any(str, None),
         vol.Optional("tools"): vol.Any(
             [
                 {
@@ -101,9 +109,14 @@ CHAT_REQUEST = vol.Schema(
         ),
         vol.Optional("tool_choice"): vol.Any(str, dict, None),
         vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
-        vol.Optional("priority"): vol.Any(None, int, str),
-        vol.Optional("deadline_ms"): vol.Any(None, vol.Coerce(float)),
-        vol.Optional("response_format"): vol.Any(
+        vol.Optional("priority", description=PRIORITY_FIELD): vol.Any(None, WHOLE, str),
+        vol.Optional("deadline_ms", description=DEADLINE_FIELD): vol.Any(None, vol.Coerce(float)),
+        vol.Optional(
+            "response_format",
+            description="text, json_object, or json_schema with json_schema.schema: sampling "
+            "is constrained to that JSON (a schema llama.cpp's grammar converter cannot take is "
+            "a 400)",
+        ): vol.Any(
             {vol.Required("type"): vol.In(["text", "json_object"])},
             {
                 vol.Required("type"): "json_schema",
@@ -118,6 +131,7 @@ CHAT_REQUEST = vol.Schema(
 )
 
 
+@operation("Cancel a running completion; its KV is freed at the next iteration", errors=(401, 404))
 async def cancel_completion(request: web.Request) -> web.Response:
     svc = services_of(request)
     completion_id = request.match_info["id"]
@@ -237,13 +251,17 @@ class _Turn:
         }
 
 
+@operation(
+    "Chat completion (SSE with stream: true)",
+    ok={200: "chat.completion, or text/event-stream of chat.completion.chunk ending in [DONE]"},
+    errors=(400, 401, 413, 429, 502, 503, 504),
+    json=CHAT_REQUEST,
+    class_header=True,
+)
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     svc = services_of(request)
-    body = validate(CHAT_REQUEST, await json_body(request))
-    if svc.template is None:
-        raise ApiError(
-            400, f"this model cannot chat: {svc.template_error}", code="no_chat_template"
-        )
+    body = await read_json(request)
+    template = chat_template(svc)
     priority = request_class(request, body, Priority.CHAT)
     client = body.get("user") or request.headers.get("X-Fairlane-Client") or "anonymous"
     if (lane := lane_for(svc, priority)) is not None:
@@ -256,7 +274,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if body.get("tool_choice") == "none":
         tools = []
     try:
-        prompt_text = svc.template.render(body["messages"], tools or None)
+        prompt_text = template.render(body["messages"], tools or None)
     except ChatTemplateError as err:
         raise ApiError(400, str(err), param="messages") from err
     prompt = await asyncio.to_thread(svc.engine.tokenize, prompt_text)

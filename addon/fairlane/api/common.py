@@ -6,10 +6,11 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import voluptuous as vol
 from aiohttp import BodyPartReader, ClientPayloadError, web
@@ -17,6 +18,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from wyoming.server import AsyncTcpServer
 
 from fairlane import config as config_mod
+from fairlane.api.openapi import operation_of
 from fairlane.documents.store import DocumentStore
 from fairlane.engines.chat_template import ChatTemplate
 from fairlane.engines.embed import EmbeddingEngine
@@ -72,6 +74,11 @@ class ApiError(Exception):
 
 
 PRIORITY_NAMES = [p.label for p in Priority]
+# The descriptions of the fields every class-aware request shares (for the OpenAPI document).
+PRIORITY_FIELD = "vLLM's and SGLang's field: below 0 is voice, 0 chat, above 0 background, or a "\
+    "class name; fairlane_class wins"
+DEADLINE_FIELD = "ms until the first output, 1 to 86400000; a request that cannot meet it is "\
+    "refused (429)"
 
 
 def validate(schema: vol.Schema, data: Any) -> dict[str, Any]:
@@ -85,12 +92,20 @@ def validate(schema: vol.Schema, data: Any) -> dict[str, Any]:
         raise ApiError(400, f"{path or 'body'}: {first.msg}", param=path or None) from err
 
 
+# A JSON string escape of a UTF-16 surrogate (`\\ud800`): JSON allows one alone, Unicode does not.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 async def json_body(request: web.Request) -> Any:
+    """The body parsed as JSON, or a 400 that says what is wrong with it."""
     try:
-        body = await request.json()
+        text = (await request.read()).decode("utf-8")
+        body = json.loads(text)
         # A lone surrogate (`\ud800`) is valid JSON but not text: every later step that
-        # encodes the string (tokenizers, SQLite, the response) would fail on it.
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
+        # encodes the string (tokenizers, SQLite, the response) would fail on it. Only a body
+        # with such an escape is checked (encoding every body again doubled the work).
+        if _SURROGATE_ESCAPE.search(text):
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
     except json.JSONDecodeError as err:
         raise ApiError(400, f"the body is not valid JSON: {err.msg} at position {err.pos}") from err
     except UnicodeDecodeError as err:
@@ -103,6 +118,13 @@ async def json_body(request: web.Request) -> Any:
     except RecursionError as err:
         raise ApiError(400, "the body's JSON is nested too deeply") from err
     return body
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The JSON body, validated with the schema its handler declares (`@operation(json=…)`)."""
+    schema = operation_of(request.match_info.handler).json
+    assert schema is not None, "the handler declares no JSON body"
+    return validate(schema, await json_body(request))
 
 
 # The most urgent class the request's token may claim (None: any), set by the auth middleware.
@@ -248,10 +270,31 @@ def services_of(request: web.Request) -> Services:
     return request.app[SERVICES]
 
 
-async def read_form(request: web.Request) -> tuple[dict[str, str], tuple[bytes, str, str] | None]:
-    """The text fields and the `file` part (bytes, filename, content type) of a multipart body."""
+Engine = TypeVar("Engine")
+
+
+def enabled(engine: Engine | None, disabled: str, code: str) -> Engine:
+    """`engine`, or the 400 that says why this server runs without it."""
+    if engine is None:
+        raise ApiError(400, disabled, code=code)
+    return engine
+
+
+def chat_template(svc: Services) -> ChatTemplate:
+    """The model's chat template, or the 400 that says why this model cannot chat."""
+    if svc.template is None:
+        raise ApiError(
+            400, f"this model cannot chat: {svc.template_error}", code="no_chat_template"
+        )
+    return svc.template
+
+
+async def read_form(request: web.Request) -> tuple[dict[str, Any], tuple[bytes, str, str]]:
+    """A multipart body: its text fields, validated with the schema its handler declares
+    (`@operation(form=…)`), and its `file` part (bytes, filename, content type)."""
+    op = operation_of(request.match_info.handler)
     if not request.content_type.startswith("multipart/"):
-        raise ApiError(400, "send multipart/form-data with the audio in a `file` field")
+        raise ApiError(400, "send multipart/form-data with the file in a `file` field")
     fields: dict[str, str] = {}
     upload: tuple[bytes, str, str] | None = None
     try:
@@ -268,7 +311,13 @@ async def read_form(request: web.Request) -> tuple[dict[str, str], tuple[bytes, 
                 fields[part.name] = (await part.text()).strip()
     except (ValueError, AssertionError, ClientPayloadError, HttpProcessingError) as err:
         raise ApiError(400, f"the multipart body is malformed or truncated: {err}") from err
-    return fields, upload
+    if upload is None:
+        raise ApiError(
+            400, "no `file` part: send the file as multipart form field `file`", param="file"
+        )
+    # An empty field is an absent one (HTML forms send every field).
+    given = {name: value for name, value in fields.items() if value != ""}
+    return (validate(op.form, given) if op.form is not None else given), upload
 
 
 def resolve_future(future: asyncio.Future[Any], event: Any) -> None:

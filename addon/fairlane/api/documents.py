@@ -21,13 +21,15 @@ from fairlane.api.common import (
     SUMMARISER,
     ApiError,
     Services,
-    json_body,
+    chat_template,
+    enabled,
     read_form,
+    read_json,
     request_class,
     services_of,
-    validate,
 )
 from fairlane.api.embeddings import embed_all
+from fairlane.api.openapi import WHOLE, operation
 from fairlane.documents.store import DocumentStore, progress
 from fairlane.documents.text import DocumentError, chunk, extract_text
 from fairlane.documents.workers import Busy, index_forever, summarise_forever
@@ -37,57 +39,6 @@ from fairlane.runtime.components import Component, supervise
 _LOGGER = logging.getLogger(__name__)
 
 # --- documents ------------------------------------------------------------------------------------
-
-def _documents(request: web.Request) -> tuple[Services, DocumentStore]:
-    svc = services_of(request)
-    if svc.documents is None or svc.embedder is None:
-        raise ApiError(
-            400,
-            "documents need the embedding engine (embed.enabled: false)",
-            code="documents_disabled",
-        )
-    return svc, svc.documents
-
-
-async def add_document(request: web.Request) -> web.Response:
-    """Store a document durably, then answer; indexing runs in the background lane."""
-    svc, store = _documents(request)
-    if request.content_type.startswith("multipart/"):
-        fields, upload = await read_form(request)
-        if upload is None:
-            raise ApiError(400, "no `file` part in the multipart body", param="file")
-        data, filename, content_type = upload
-        content_type = fields.get("content_type") or content_type or "text/plain"
-        meta: dict[str, Any] = {
-            "title": fields.get("title") or filename,
-            "source": fields.get("source"),
-            "tags": [t for t in (fields.get("tags") or "").split(",") if t],
-        }
-    else:
-        body = validate(DOCUMENT_REQUEST, await json_body(request))
-        data, content_type = body["text"].encode(), body["content_type"]
-        meta = {
-            "title": body.get("title"),
-            "source": body.get("source"),
-            "tags": body.get("tags") or [],
-        }
-    embedder = svc.embedder
-    assert embedder is not None
-    try:
-        text = await asyncio.to_thread(extract_text, data, content_type)
-    except DocumentError as err:
-        raise ApiError(err.status, str(err), param="file", code="bad_document") from err
-    chunks = await asyncio.to_thread(chunk, embedder, text)
-    title = meta["title"] or text.splitlines()[0][:80]
-    document_id, created = await asyncio.to_thread(
-        store.add, text, chunks, title, meta["source"], meta["tags"], content_type
-    )
-    svc.index_wakeup.set()
-    document = store.documents(document_id)[0]
-    return web.json_response({**document, "unchanged": not created}, status=202 if created else 200)
-
-
-
 
 DOCUMENT_REQUEST = vol.Schema(
     {
@@ -102,18 +53,20 @@ DOCUMENT_REQUEST = vol.Schema(
 SEARCH_REQUEST = vol.Schema(
     {
         vol.Required("query"): vol.All(str, vol.Length(min=1, msg="must not be empty")),
-        vol.Optional("top_k", default=5): vol.All(int, vol.Range(min=1, max=50)),
+        vol.Optional("top_k", default=5): vol.All(WHOLE, vol.Range(min=1, max=50)),
         vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
     },
     extra=vol.PREVENT_EXTRA,
 )
 
 
+@operation("Every document with its indexing progress")
 async def list_documents(request: web.Request) -> web.Response:
     _, store = _documents(request)
     return web.json_response({"data": await asyncio.to_thread(store.documents)})
 
 
+@operation("One document and its indexing progress", errors=(401, 404))
 async def get_document(request: web.Request) -> web.Response:
     _, store = _documents(request)
     found = await asyncio.to_thread(store.documents, request.match_info["id"])
@@ -122,6 +75,7 @@ async def get_document(request: web.Request) -> web.Response:
     return web.json_response(found[0])
 
 
+@operation("Forget a document and its passages", errors=(401, 404))
 async def delete_document(request: web.Request) -> web.Response:
     _, store = _documents(request)
     if not await asyncio.to_thread(store.delete, request.match_info["id"]):
@@ -129,10 +83,16 @@ async def delete_document(request: web.Request) -> web.Response:
     return web.json_response({"id": request.match_info["id"], "deleted": True})
 
 
+@operation(
+    "The passages nearest in meaning to a query (class chat by default)",
+    errors=(400, 401, 429),
+    json=SEARCH_REQUEST,
+    class_header=True,
+)
 async def search_documents(request: web.Request) -> web.Response:
     """Query → the top-k chunks, embedded at `chat` class (someone is waiting for it)."""
     svc, store = _documents(request)
-    body = validate(SEARCH_REQUEST, await json_body(request))
+    body = await read_json(request)
     assert svc.embedder is not None
     tokens = svc.embedder.tokenize([body["query"]])
     priority = request_class(request, body, Priority.CHAT)
@@ -141,6 +101,7 @@ async def search_documents(request: web.Request) -> web.Response:
     return web.json_response({"data": [hit.__dict__ for hit in hits]})
 
 
+@operation("Background jobs (indexing, summaries) and their progress")
 async def jobs(request: web.Request) -> web.Response:
     svc, store = _documents(request)
     documents = await asyncio.to_thread(store.documents)
@@ -163,6 +124,7 @@ async def jobs(request: web.Request) -> web.Response:
     )
 
 
+@operation("One background job", errors=(401, 404))
 async def job(request: web.Request) -> web.Response:
     """One job: a document's indexing (with progress) or a summary (with its result)."""
     svc, store = _documents(request)
@@ -181,29 +143,94 @@ async def job(request: web.Request) -> web.Response:
     if summary:
         return web.json_response({**summary[0], "kind": "summary"})
     raise ApiError(404, f"no job {job_id!r}", code="not_found")
+DOCUMENT_FORM = vol.Schema(
+    {
+        vol.Optional("title"): str,
+        vol.Optional("source"): str,
+        vol.Optional("tags", description="comma-separated"): str,
+        vol.Optional("content_type", description="the file part's own type when absent"): str,
+    },
+    extra=vol.ALLOW_EXTRA,
+)
 
-
-# --- summaries --------------------------------------------------------------------------------
 
 SUMMARY_REQUEST = vol.Schema(
     {
         vol.Optional("document_id"): str,
         vol.Optional("text"): vol.All(str, vol.Length(min=1, msg="must not be empty")),
         vol.Optional("style", default="short"): vol.In(["short", "bullets"]),
-        vol.Optional("max_words", default=80): vol.All(int, vol.Range(min=10, max=400)),
+        vol.Optional("max_words", default=80): vol.All(WHOLE, vol.Range(min=10, max=400)),
     },
     extra=vol.PREVENT_EXTRA,
 )
 
 
+def _documents(request: web.Request) -> tuple[Services, DocumentStore]:
+    svc = services_of(request)
+    enabled(svc.embedder, "documents need the embedding engine (embed.enabled: false)",
+            "documents_disabled")
+    return svc, enabled(svc.documents, "documents are disabled on this server",
+                        "documents_disabled")
+
+
+@operation(
+    "Add a household document (text, Markdown, HTML, PDF): stored before it is acknowledged, "
+    "then chunked and indexed in the background lane",
+    ok={200: "Already stored (unchanged: true)", 202: "Stored; indexing"},
+    errors=(400, 401, 413, 415, 507),
+    json=DOCUMENT_REQUEST,
+    form=DOCUMENT_FORM,
+    file="the document",
+)
+async def add_document(request: web.Request) -> web.Response:
+    """Store a document durably, then answer; indexing runs in the background lane."""
+    svc, store = _documents(request)
+    if request.content_type.startswith("multipart/"):
+        fields, (data, filename, content_type) = await read_form(request)
+        content_type = fields.get("content_type") or content_type or "text/plain"
+        meta: dict[str, Any] = {
+            "title": fields.get("title") or filename,
+            "source": fields.get("source"),
+            "tags": [t for t in (fields.get("tags") or "").split(",") if t],
+        }
+    else:
+        body = await read_json(request)
+        data, content_type = body["text"].encode(), body["content_type"]
+        meta = {
+            "title": body.get("title"),
+            "source": body.get("source"),
+            "tags": body.get("tags") or [],
+        }
+    embedder = svc.embedder
+    assert embedder is not None
+    try:
+        text = await asyncio.to_thread(extract_text, data, content_type)
+    except DocumentError as err:
+        raise ApiError(err.status, str(err), param="file", code="bad_document") from err
+    chunks = await asyncio.to_thread(chunk, embedder, text)
+    title = meta["title"] or text.splitlines()[0][:80]
+    document_id, created = await asyncio.to_thread(
+        store.add, text, chunks, title, meta["source"], meta["tags"], content_type
+    )
+    svc.index_wakeup.set()
+    document = store.documents(document_id)[0]
+    return web.json_response({**document, "unchanged": not created}, status=202 if created else 200)
+
+
+# --- summaries --------------------------------------------------------------------------------
+
+@operation(
+    "A summary job (background lane), durable before it is acknowledged: give text or "
+    "document_id",
+    ok={202: "Stored; pending"},
+    errors=(400, 401, 404, 413, 507),
+    json=SUMMARY_REQUEST,
+)
 async def add_summary(request: web.Request) -> web.Response:
     """A summary job, durable before it is acknowledged; its result comes from the job."""
     svc, store = _documents(request)
-    if svc.template is None:
-        raise ApiError(
-            400, f"this model cannot chat: {svc.template_error}", code="no_chat_template"
-        )
-    body = validate(SUMMARY_REQUEST, await json_body(request))
+    chat_template(svc)
+    body = await read_json(request)
     if ("text" in body) == ("document_id" in body):
         raise ApiError(400, "give either `text` or `document_id`")
     text: str | None = body.get("text")
@@ -218,6 +245,7 @@ async def add_summary(request: web.Request) -> web.Response:
     return web.json_response({"id": summary_id, "status": "pending"}, status=202)
 
 
+@operation("A summary job's status and result", errors=(401, 404))
 async def get_summary(request: web.Request) -> web.Response:
     _, store = _documents(request)
     found = await asyncio.to_thread(store.summaries, request.match_info["id"])

@@ -12,19 +12,22 @@ import voluptuous as vol
 from aiohttp import web
 
 from fairlane.api.common import (
+    DEADLINE_FIELD,
+    PRIORITY_FIELD,
     PRIORITY_NAMES,
     ApiError,
     Services,
     deadline_passed,
-    json_body,
+    enabled,
+    read_json,
     refuse_early,
     refused,
     request_class,
     request_deadline,
     resolve_future,
     services_of,
-    validate,
 )
+from fairlane.api.openapi import WHOLE, operation
 from fairlane.api.remote import lane_for, remote_embed
 from fairlane.policy import NO_WAIT_LIMIT, Kind, Priority, Request
 
@@ -37,25 +40,29 @@ EMBED_REQUEST = vol.Schema(
         ),
         vol.Optional("model"): str,
         vol.Optional("encoding_format", default="float"): vol.In(["float", "base64"]),
-        vol.Optional("dimensions"): vol.Any(vol.All(int, vol.Range(min=1)), None),
+        vol.Optional("dimensions"): vol.Any(vol.All(WHOLE, vol.Range(min=1)), None),
         vol.Optional("user"): vol.Any(str, None),
         vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
-        vol.Optional("deadline_ms"): vol.Any(None, vol.Coerce(float)),
+        vol.Optional("priority", description=PRIORITY_FIELD): vol.Any(None, WHOLE, str),
+        vol.Optional("deadline_ms", description=DEADLINE_FIELD): vol.Any(None, vol.Coerce(float)),
     },
     extra=vol.ALLOW_EXTRA,
 )
 
 
+@operation(
+    "Embed texts (class background by default); each text waits as one request of its class",
+    ok={200: "list of embedding"},
+    errors=(400, 401, 413, 429, 502, 503, 504),
+    json=EMBED_REQUEST,
+    class_header=True,
+)
 async def embeddings(request: web.Request) -> web.Response:
     """OpenAI's `POST /v1/embeddings`: each text is one micro-batch item (class `background`)."""
     svc = services_of(request)
-    if svc.embedder is None:
-        raise ApiError(
-            400,
-            "embeddings are disabled on this server (embed.enabled: false)",
-            code="embed_disabled",
-        )
-    body = validate(EMBED_REQUEST, await json_body(request))
+    disabled = "embeddings are disabled on this server (embed.enabled: false)"
+    embedder = enabled(svc.embedder, disabled, "embed_disabled")
+    body = await read_json(request)
     texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
     if not texts:
         raise ApiError(400, "input: must not be empty", param="input")
@@ -66,10 +73,10 @@ async def embeddings(request: web.Request) -> web.Response:
     if blank := [i for i, text in enumerate(texts) if not text.strip()]:
         raise ApiError(400, f"input.{blank[0]}: empty text", param="input")
     dims = body.get("dimensions")
-    if dims is not None and dims != svc.embedder.dimensions:
+    if dims is not None and dims != embedder.dimensions:
         raise ApiError(
             400,
-            f"dimensions: this model gives {svc.embedder.dimensions}-dimensional "
+            f"dimensions: this model gives {embedder.dimensions}-dimensional "
             "vectors and cannot shorten them",
             param="dimensions",
         )
@@ -89,7 +96,7 @@ async def embeddings(request: web.Request) -> web.Response:
             )
         refuse_early(svc, priority, Kind.EMBED)
     client = body.get("user") or "anonymous"
-    token_ids = await asyncio.to_thread(svc.embedder.tokenize, texts)
+    token_ids = await asyncio.to_thread(embedder.tokenize, texts)
     deadline_s = request_deadline(request, body)
     vectors = await embed_all(svc, token_ids, priority, client, deadline_s)
     used = sum(len(ids) for ids in token_ids)

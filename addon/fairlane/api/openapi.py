@@ -1,11 +1,45 @@
-"""The OpenAPI 3.1 description of Fairlane's HTTP API, served at /openapi.json."""
+"""The OpenAPI 3.1 description of Fairlane's HTTP API, served at /openapi.json, made from the
+handlers themselves.
+
+Each handler declares its operation with `@operation(...)`: a summary, the errors it answers
+with, and the request body as the voluptuous schema it is validated with. `read_json` and
+`read_form` in `api.common` validate a request with the schema of the handler the router chose,
+and `document(routes)` writes every route's operation into the document, its body through
+`json_schema`. One declaration serves both, so the document cannot drift from what the server
+accepts (tests/server/test_openapi.py checks it against generated requests).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import voluptuous as vol
+from aiohttp import web
 
 from fairlane import __version__
 
+ERROR_TEXT = {
+    400: "Invalid request",
+    401: "Missing or wrong bearer token",
+    404: "Not found",
+    409: "Cancelled before it ran",
+    413: "Body too large",
+    415: "A document type the server cannot read",
+    429: "Refused by admission control (queue full, deadline); see Retry-After",
+    502: "A remote lane's engine failed (remote_failed)",
+    503: "A remote lane's circuit breaker is open (remote_unavailable); see Retry-After",
+    504: "A remote lane's engine sent nothing within its timeout (remote_timeout)",
+    507: "The server's disk is full; nothing was stored",
+}
+CLASSES = ["voice", "chat", "background"]
+CLASS_HEADER = {
+    "name": "X-Fairlane-Class",
+    "in": "header",
+    "schema": {"type": "string", "enum": CLASSES},
+    "description": "the class of work (voice > chat > background); a body field wins",
+}
 _ERROR = {
     "type": "object",
     "properties": {
@@ -20,474 +54,246 @@ _ERROR = {
             "required": ["message", "type"],
         }
     },
+    "required": ["error"],
 }
 
 
-_ERROR_REF = {"$ref": "#/components/schemas/Error"}
+@dataclass(frozen=True)
+class Operation:
+    """What one handler takes and answers, for the document and for validation."""
+
+    summary: str
+    ok: dict[int, str] = field(default_factory=lambda: {200: "OK"})
+    errors: tuple[int, ...] = (401,)
+    json: vol.Schema | None = None  # an application/json body, validated with this schema
+    form: vol.Schema | None = None  # multipart/form-data text fields, validated with this
+    file: str | None = None  # the form's file part: its description (it is required)
+    class_header: bool = False  # the class may come from X-Fairlane-Class
+    public: bool = False  # no bearer token needed
 
 
-def _errors(*codes: int) -> dict[str, Any]:
-    text = {
-        400: "Invalid request",
-        401: "Missing or wrong bearer token",
-        404: "Not found",
-        413: "Body too large",
-        415: "A document type the server cannot read",
-        429: "Refused by admission control (queue full, deadline); see Retry-After",
-        502: "A remote lane's engine failed (remote_failed)",
-        503: "A remote lane's circuit breaker is open (remote_unavailable); see Retry-After",
-        504: "A remote lane's engine sent nothing within its timeout (remote_timeout)",
-        507: "The server's disk is full; nothing was stored",
-    }
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+
+
+def operation(summary: str, **details: Any) -> Callable[[Handler], Handler]:
+    """Declare a handler's operation (see `Operation`)."""
+
+    def declare(handler: Handler) -> Handler:
+        handler.operation = Operation(summary, **details)  # type: ignore[attr-defined]
+        return handler
+
+    return declare
+
+
+def operation_of(handler: Any) -> Operation:
+    found = getattr(handler, "operation", None)
+    if not isinstance(found, Operation):
+        raise TypeError(f"{handler.__qualname__} declares no @operation")
+    return found
+
+
+# --- voluptuous to JSON Schema ---------------------------------------------------------------
+
+
+class Whole:
+    """JSON Schema's integer, as the schemas' `int`: an int or a number without a fraction
+    (`1.0`, which JSON clients send), made an int; not a boolean (Python's `int` takes True)."""
+
+    def __call__(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise vol.Invalid("expected an integer")
+        if isinstance(value, float) and not value.is_integer():
+            raise vol.Invalid("expected an integer")
+        return int(value)
+
+
+WHOLE = Whole()
+
+_TYPES: dict[Any, dict[str, Any]] = {
+    str: {"type": "string"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    bool: {"type": "boolean"},
+    dict: {"type": "object"},
+    list: {"type": "array"},
+    None: {"type": "null"},
+}
+
+
+def json_schema(validator: Any) -> dict[str, Any]:
+    """The JSON Schema of a voluptuous validator, for the constructs the API's schemas use.
+
+    Anything else raises TypeError: a schema the document cannot describe is a failing test,
+    not a silently missing field.
+    """
+    if isinstance(validator, vol.Schema):
+        found = json_schema(validator.schema)
+        if isinstance(validator.schema, dict):
+            _set_extra(found, validator.extra)
+        return found
+    if isinstance(validator, dict):
+        found = {"type": "object", "properties": {}, "required": []}
+        for key, value in validator.items():
+            name = key.schema if isinstance(key, vol.Marker) else key
+            if not isinstance(name, str):
+                raise TypeError(f"a field named by {name!r}")
+            prop = json_schema(value)
+            if isinstance(key, vol.Marker) and key.description:
+                prop["description"] = key.description
+            found["properties"][name] = prop
+            if isinstance(key, vol.Required):
+                found["required"].append(name)
+        if not found["required"]:
+            del found["required"]
+        return found  # its `extra` comes from the Schema it is in (`_set_extra`)
+    if isinstance(validator, list):
+        if not validator:
+            return {"type": "array"}
+        items = [json_schema(v) for v in validator]
+        return {"type": "array", "items": items[0] if len(items) == 1 else {"anyOf": items}}
+    if isinstance(validator, str):
+        return {"const": validator}
+    if isinstance(validator, Whole):
+        return {"type": "integer"}
+    if validator in _TYPES:
+        return dict(_TYPES[validator])
+    if isinstance(validator, vol.Any):
+        return _any_of([json_schema(v) for v in validator.validators])
+    if isinstance(validator, vol.All):
+        merged: dict[str, Any] = {}
+        for part in validator.validators:
+            merged = _narrow(merged, part)
+        return merged
+    if isinstance(validator, vol.In):
+        return {"enum": list(validator.container)}  # type: ignore[arg-type]
+    if isinstance(validator, vol.Coerce):
+        return dict(_TYPES[validator.type])
+    raise TypeError(f"no JSON Schema for the validator {validator!r}")
+
+
+def _narrow(schema: dict[str, Any], part: Any) -> dict[str, Any]:
+    """`schema` with one more validator of a vol.All applied."""
+    if isinstance(part, vol.Range):
+        if part.min is not None:
+            schema["minimum" if part.min_included else "exclusiveMinimum"] = part.min
+        if part.max is not None:
+            schema["maximum" if part.max_included else "exclusiveMaximum"] = part.max
+        return schema
+    if isinstance(part, vol.Length):
+        array = schema.get("type") == "array"
+        if part.min is not None:
+            schema["minItems" if array else "minLength"] = part.min
+        if part.max is not None:
+            schema["maxItems" if array else "maxLength"] = part.max
+        return schema
+    return {**schema, **json_schema(part)}
+
+
+def _any_of(options: list[dict[str, Any]]) -> dict[str, Any]:
+    """Alternatives, the simple ones folded into one list of types (`["integer", "null"]`)."""
+    simple = [o for o in options if set(o) == {"type"} and isinstance(o["type"], str)]
+    if len(options) == 2 and len(simple) == 1 and {"type": "null"} in options:
+        other = next(o for o in options if o != {"type": "null"})
+        if isinstance(other.get("type"), str):
+            return {**other, "type": [other["type"], "null"]}
+    if len(simple) == len(options):
+        return {"type": [o["type"] for o in options]}
+    return {"anyOf": options}
+
+
+def _set_extra(schema: dict[str, Any], extra: int) -> None:
+    """Apply a Schema's `extra` to its object and every plain dict nested in it."""
+    if schema.get("type") == "object" and "properties" in schema:
+        # Set on every object, True too (`_tidy` drops it): a nested Schema set its own first.
+        schema.setdefault("additionalProperties", extra != vol.PREVENT_EXTRA)
+        for prop in schema["properties"].values():
+            _set_extra(prop, extra)
+    for key in ("items",):
+        if isinstance(schema.get(key), dict):
+            _set_extra(schema[key], extra)
+    for key in ("anyOf", "oneOf"):
+        for option in schema.get(key, []):
+            _set_extra(option, extra)
+
+
+# --- the document ---------------------------------------------------------------------------
+
+
+def document(routes: Iterable[web.RouteDef]) -> dict[str, Any]:
+    """The OpenAPI document of these routes, each from its handler's `@operation`."""
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        op = operation_of(route.handler)
+        entry: dict[str, Any] = {"summary": op.summary}
+        parameters: list[dict[str, Any]] = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in _path_parameters(route.path)
+        ]
+        if op.class_header:
+            parameters.append(CLASS_HEADER)
+        if parameters:
+            entry["parameters"] = parameters
+        if op.public:
+            entry["security"] = []
+        content: dict[str, Any] = {}
+        if op.json is not None:
+            content["application/json"] = {"schema": json_schema(op.json)}
+        if op.form is not None or op.file is not None:
+            form: dict[str, Any] = (
+                json_schema(op.form) if op.form is not None else {"type": "object"}
+            )
+            form.setdefault("properties", {})
+            form.pop("additionalProperties", None)  # a form's other parts are read as text
+            if op.file is not None:
+                form["properties"] = {
+                    "file": {"type": "string", "format": "binary", "description": op.file},
+                    **form["properties"],
+                }
+                form["required"] = ["file", *form.get("required", [])]
+            content["multipart/form-data"] = {"schema": form}
+        if content:
+            entry["requestBody"] = {"required": True, "content": content}
+        entry["responses"] = {
+            **{str(code): {"description": text} for code, text in op.ok.items()},
+            **{
+                str(code): {
+                    "description": ERROR_TEXT[code],
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                }
+                for code in op.errors
+            },
+        }
+        paths.setdefault(route.path, {})[route.method.lower()] = _tidy(entry)
     return {
-        str(c): {"description": text[c], "content": {"application/json": {"schema": _ERROR_REF}}}
-        for c in codes
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Fairlane",
+            "version": __version__,
+            "description": "One home GPU, many voices. OpenAI-compatible where OpenAI has an "
+            "endpoint; the class of work comes from X-Fairlane-Class or "
+            "fairlane_class (voice > chat > background).",
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"Error": _ERROR},
+        },
+        "security": [{"bearer": []}],
+        "paths": paths,
     }
 
 
-_CLASS = {"type": "string", "enum": ["voice", "chat", "background"]}
-_CLASS_HEADER = {"name": "X-Fairlane-Class", "in": "header", "schema": _CLASS}
-_PRIORITY = {
-    "oneOf": [{"type": "integer"}, _CLASS, {"type": "null"}],
-    "description": "vLLM's and SGLang's field: below 0 is voice, 0 chat, above 0 background, "
-    "or a class name; fairlane_class wins",
-}
-_DEADLINE = {
-    "type": ["number", "null"],
-    "minimum": 1,
-    "maximum": 86_400_000,
-    "description": "ms until the first output; a request that cannot meet it is refused (429)",
-}
-_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
-_DOCUMENT_FIELDS = {
-    "text": {"type": "string", "minLength": 1},
-    "content_type": {"type": "string"},
-    "title": {"type": ["string", "null"]},
-    "source": {"type": ["string", "null"]},
-    "tags": {"type": ["array", "null"], "items": {"type": "string"}},
-}
+def _path_parameters(path: str) -> list[str]:
+    return [part[1:-1] for part in path.split("/") if part.startswith("{") and part.endswith("}")]
 
 
-def _json(properties: dict[str, Any], required: list[str], extra: bool = True) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
-    if not extra:
-        schema["additionalProperties"] = False
-    return {"required": True, "content": {"application/json": {"schema": schema}}}
-
-
-def _multipart(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    schema = {"type": "object", "properties": properties, "required": required}
-    return {"required": True, "content": {"multipart/form-data": {"schema": schema}}}
-
-
-OPENAPI: dict[str, Any] = {
-    "openapi": "3.1.0",
-    "info": {
-        "title": "Fairlane",
-        "version": __version__,
-        "description": "One home GPU, many voices. OpenAI-compatible where OpenAI has an "
-        "endpoint; the class of work comes from X-Fairlane-Class or "
-        "fairlane_class (voice > chat > background).",
-    },
-    "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        "schemas": {
-            "Error": _ERROR,
-            "Message": {
-                "type": "object",
-                "properties": {
-                    "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-                    "content": {
-                        "type": ["string", "array", "null"],
-                        "description": "a string, or parts: text, and file (file.file_data a "
-                        "base64 data URL of text, Markdown, HTML or PDF; its text is extracted); "
-                        "image and audio parts are refused with a 400",
-                    },
-                    "tool_calls": {
-                        "type": ["array", "null"],
-                        "items": {
-                            "type": "object",
-                            "properties": {
-                                "id": {"type": "string"},
-                                "type": {"const": "function"},
-                                "function": {
-                                    "type": "object",
-                                    "properties": {
-                                        "name": {"type": "string"},
-                                        "arguments": {"type": ["string", "object"]},
-                                    },
-                                    "required": ["name"],
-                                },
-                            },
-                            "required": ["function"],
-                        },
-                    },
-                    "tool_call_id": {"type": "string"},
-                },
-                "required": ["role"],
-            },
-            "ChatRequest": {
-                "type": "object",
-                "properties": {
-                    "model": {"type": "string"},
-                    "messages": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {"$ref": "#/components/schemas/Message"},
-                    },
-                    "stream": {"type": "boolean"},
-                    "stream_options": {
-                        "type": ["object", "null"],
-                        "properties": {"include_usage": {"type": "boolean"}},
-                        "additionalProperties": False,
-                    },
-                    "max_tokens": {"type": ["integer", "null"], "minimum": 1},
-                    "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
-                    "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
-                    "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
-                    "top_k": {"type": ["integer", "null"], "minimum": 0},
-                    "seed": {"type": ["integer", "null"]},
-                    "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
-                    "stop": {
-                        "oneOf": [
-                            {"type": "string"},
-                            {"type": "array", "items": {"type": "string"}, "maxItems": 4},
-                            {"type": "null"},
-                        ]
-                    },
-                    "user": {"type": ["string", "null"], "description": "the fairness client"},
-                    "tools": {
-                        "type": ["array", "null"],
-                        "items": {
-                            "type": "object",
-                            "properties": {
-                                "type": {"const": "function"},
-                                "function": {
-                                    "type": "object",
-                                    "properties": {
-                                        "name": {"type": "string"},
-                                        "description": {"type": "string"},
-                                        "parameters": {"type": "object"},
-                                    },
-                                    "required": ["name"],
-                                },
-                            },
-                            "required": ["type", "function"],
-                        },
-                    },
-                    "tool_choice": {
-                        "oneOf": [{"type": "string"}, {"type": "object"}, {"type": "null"}]
-                    },
-                    "response_format": {
-                        "description": "text, json_object, or json_schema with "
-                        "json_schema.schema: sampling is constrained to that JSON (a schema "
-                        "llama.cpp's grammar converter cannot take is a 400)",
-                        "oneOf": [
-                            {
-                                "type": "object",
-                                "properties": {"type": {"enum": ["text", "json_object"]}},
-                                "required": ["type"],
-                                "additionalProperties": False,
-                            },
-                            {
-                                "type": "object",
-                                "properties": {
-                                    "type": {"const": "json_schema"},
-                                    "json_schema": {
-                                        "type": "object",
-                                        "properties": {
-                                            "name": {"type": "string"},
-                                            "strict": {"type": "boolean"},
-                                            "schema": {"type": "object"},
-                                        },
-                                        "required": ["schema"],
-                                    },
-                                },
-                                "required": ["type", "json_schema"],
-                                "additionalProperties": False,
-                            },
-                            {"type": "null"},
-                        ],
-                    },
-                    "fairlane_class": _CLASS,
-                    "priority": _PRIORITY,
-                    "deadline_ms": _DEADLINE,
-                },
-                "required": ["messages"],
-            },
-        },
-    },
-    "security": [{"bearer": []}],
-    "paths": {
-        "/health": {
-            "get": {
-                "summary": "Liveness (no auth), answered from memory: status (degraded when an "
-                "engine did not get the device asked for, a component is retrying or a remote "
-                "lane's breaker is not closed), devices, components (indexer, summariser: "
-                "state, error, failures), remotes (state, failures, error), version, "
-                "instance_id (stable per data directory), models, Wyoming port",
-                "security": [],
-                "responses": {"200": {"description": "Server is up"}},
-            }
-        },
-        "/": {
-            "get": {
-                "summary": "The live lane dashboard (HTML; it reads /v1/stats)",
-                "security": [],
-                "responses": {"200": {"description": "HTML page"}},
-            }
-        },
-        "/dashboard": {
-            "get": {
-                "summary": "The live lane dashboard (HTML; it reads /v1/stats)",
-                "security": [],
-                "responses": {"200": {"description": "HTML page"}},
-            }
-        },
-        "/v1/models": {
-            "get": {
-                "summary": "Models served",
-                "responses": {"200": {"description": "Model list"}, **_errors(401)},
-            }
-        },
-        "/v1/chat/completions": {
-            "post": {
-                "summary": "Chat completion (SSE with stream: true)",
-                "parameters": [_CLASS_HEADER],
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/ChatRequest"}}
-                    },
-                },
-                "responses": {
-                    "200": {
-                        "description": "chat.completion, or text/event-stream of "
-                        "chat.completion.chunk ending in [DONE]"
-                    },
-                    **_errors(400, 401, 413, 429, 502, 503, 504),
-                },
-            }
-        },
-        "/v1/chat/completions/{id}/cancel": {
-            "post": {
-                "summary": "Cancel a running completion; its KV is freed at the next iteration",
-                "parameters": [
-                    {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
-                ],
-                "responses": {"200": {"description": "Cancelled"}, **_errors(401, 404)},
-            }
-        },
-        "/v1/audio/speech": {
-            "post": {
-                "summary": "Speak a text (class voice by default); stream_format audio or sse "
-                "sends each sentence as soon as it is synthesised",
-                "parameters": [{"name": "X-Fairlane-Class", "in": "header", "schema": _CLASS}],
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        "application/json": {
-                            "schema": {
-                                "type": "object",
-                                "properties": {
-                                    "model": {"type": "string"},
-                                    "input": {"type": "string", "maxLength": 4096},
-                                    "voice": {"type": "string"},
-                                    "response_format": {
-                                        "enum": ["mp3", "wav", "pcm", "flac", "opus", "aac"]
-                                    },
-                                    "speed": {"type": "number", "minimum": 0.25, "maximum": 4},
-                                    "stream_format": {"enum": ["audio", "sse"]},
-                                    "fairlane_class": _CLASS,
-                                },
-                                "required": ["input"],
-                            }
-                        }
-                    },
-                },
-                "responses": {
-                    "200": {"description": "The audio, or text/event-stream of speech.audio.*"},
-                    **_errors(400, 401, 429),
-                },
-            }
-        },
-        "/v1/audio/voices": {
-            "get": {
-                "summary": "The voices this server speaks with",
-                "responses": {"200": {"description": "Voice list"}, **_errors(401)},
-            }
-        },
-        "/v1/audio/transcriptions": {
-            "post": {
-                "summary": "Transcribe one utterance (class voice by default); WAV, FLAC, MP3, "
-                "OGG or raw 16-bit PCM (audio/pcm with sample_rate); at most 120 s",
-                "parameters": [_CLASS_HEADER],
-                "requestBody": _multipart(
-                    {
-                        "file": {"type": "string", "format": "binary"},
-                        "model": {"type": "string"},
-                        "language": {"type": "string"},
-                        "prompt": {"type": "string"},
-                        "response_format": {"enum": ["json", "text", "verbose_json"]},
-                        "sample_rate": {"type": "integer", "minimum": 1000, "maximum": 384000},
-                        "fairlane_class": _CLASS,
-                        "user": {"type": "string"},
-                        "deadline_ms": _DEADLINE,
-                    },
-                    ["file"],
-                ),
-                "responses": {
-                    "200": {"description": "The transcript (json, text or verbose_json)"},
-                    **_errors(400, 401, 413, 429),
-                },
-            }
-        },
-        "/v1/embeddings": {
-            "post": {
-                "summary": "Embed texts (class background by default); each text waits as one "
-                "request of its class",
-                "parameters": [_CLASS_HEADER],
-                "requestBody": _json(
-                    {
-                        "input": {
-                            "oneOf": [
-                                {"type": "string"},
-                                {"type": "array", "items": {"type": "string"}},
-                            ]
-                        },
-                        "model": {"type": "string"},
-                        "encoding_format": {"enum": ["float", "base64"]},
-                        "dimensions": {"type": ["integer", "null"], "minimum": 1},
-                        "user": {"type": ["string", "null"]},
-                        "fairlane_class": _CLASS,
-                        "priority": _PRIORITY,
-                        "deadline_ms": _DEADLINE,
-                    },
-                    ["input"],
-                ),
-                "responses": {
-                    "200": {"description": "list of embedding"},
-                    **_errors(400, 401, 413, 429),
-                },
-            }
-        },
-        "/v1/documents": {
-            "post": {
-                "summary": "Add a household document (text, Markdown, HTML, PDF): stored "
-                "before it is acknowledged, then chunked and indexed in the background lane",
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        **_json(_DOCUMENT_FIELDS, ["text"])["content"],
-                        **_multipart(
-                            {
-                                "file": {"type": "string", "format": "binary"},
-                                "title": {"type": "string"},
-                                "source": {"type": "string"},
-                                "tags": {"type": "string", "description": "comma-separated"},
-                                "content_type": {"type": "string"},
-                            },
-                            ["file"],
-                        )["content"],
-                    },
-                },
-                "responses": {
-                    "200": {"description": "Already stored (unchanged: true)"},
-                    "202": {"description": "Stored; indexing"},
-                    **_errors(400, 401, 413, 415, 507),
-                },
-            },
-            "get": {
-                "summary": "Every document with its indexing progress",
-                "responses": {"200": {"description": "Document list"}, **_errors(401)},
-            },
-        },
-        "/v1/documents/search": {
-            "post": {
-                "summary": "The passages nearest in meaning to a query (class chat by default)",
-                "parameters": [_CLASS_HEADER],
-                "requestBody": _json(
-                    {
-                        "query": {"type": "string", "minLength": 1},
-                        "top_k": {"type": "integer", "minimum": 1, "maximum": 50},
-                        "fairlane_class": _CLASS,
-                    },
-                    ["query"],
-                    extra=False,
-                ),
-                "responses": {"200": {"description": "Hits"}, **_errors(400, 401, 429)},
-            }
-        },
-        "/v1/documents/{id}": {
-            "get": {
-                "summary": "One document and its indexing progress",
-                "parameters": [_ID],
-                "responses": {"200": {"description": "Document"}, **_errors(401, 404)},
-            },
-            "delete": {
-                "summary": "Forget a document and its passages",
-                "parameters": [_ID],
-                "responses": {"200": {"description": "Deleted"}, **_errors(401, 404)},
-            },
-        },
-        "/v1/jobs": {
-            "get": {
-                "summary": "Background jobs (indexing, summaries) and their progress",
-                "responses": {"200": {"description": "Job list"}, **_errors(401)},
-            }
-        },
-        "/v1/jobs/{id}": {
-            "get": {
-                "summary": "One background job",
-                "parameters": [_ID],
-                "responses": {"200": {"description": "Job"}, **_errors(401, 404)},
-            }
-        },
-        "/v1/summaries": {
-            "post": {
-                "summary": "A summary job (background lane), durable before it is "
-                "acknowledged: give text or document_id",
-                "requestBody": _json(
-                    {
-                        "text": {"type": "string", "minLength": 1},
-                        "document_id": {"type": "string"},
-                        "style": {"enum": ["short", "bullets"]},
-                        "max_words": {"type": "integer", "minimum": 10, "maximum": 400},
-                    },
-                    [],
-                    extra=False,
-                ),
-                "responses": {
-                    "202": {"description": "Stored; pending"},
-                    **_errors(400, 401, 404, 507),
-                },
-            }
-        },
-        "/v1/summaries/{id}": {
-            "get": {
-                "summary": "A summary job's status and result",
-                "parameters": [_ID],
-                "responses": {"200": {"description": "Summary"}, **_errors(401, 404)},
-            }
-        },
-        "/v1/stats": {
-            "get": {
-                "summary": "Per-class TTFT/ITL/E2E percentiles, queues, KV, device use (the "
-                "LLM's loop, and every loop in `devices`), steps, remote lanes",
-                "responses": {"200": {"description": "Stats"}, **_errors(401)},
-            }
-        },
-        "/metrics": {
-            "get": {
-                "summary": "Prometheus metrics",
-                "responses": {"200": {"description": "Prometheus text format"}, **_errors(401)},
-            }
-        },
-        "/openapi.json": {
-            "get": {
-                "summary": "This document",
-                "responses": {"200": {"description": "OpenAPI 3.1"}},
-            }
-        },
-    },
-}
+def _tidy(node: Any) -> Any:
+    """`node` without `additionalProperties: true` (JSON Schema's default)."""
+    if isinstance(node, dict):
+        return {
+            k: _tidy(v) for k, v in node.items() if not (k == "additionalProperties" and v is True)
+        }
+    if isinstance(node, list):
+        return [_tidy(v) for v in node]
+    return node

@@ -22,13 +22,14 @@ from aiohttp import web
 from fairlane.api.common import (
     ApiError,
     deadline_passed,
-    json_body,
+    enabled,
+    read_json,
     refused,
     request_class,
     request_deadline,
     services_of,
-    validate,
 )
+from fairlane.api.openapi import operation
 from fairlane.engines.tts import TextError, wav_bytes
 from fairlane.policy import Priority
 from fairlane.voice.synthesis import VoiceService, sentences_of, speak
@@ -71,16 +72,14 @@ SPEECH_SCHEMA = vol.Schema(
 
 
 def voice_service(request: web.Request) -> VoiceService:
-    svc = services_of(request)
-    if svc.voice is None:
-        raise ApiError(
-            400,
-            "speech synthesis is disabled on this server (tts.enabled: false)",
-            code="tts_disabled",
-        )
-    return svc.voice
+    return enabled(
+        services_of(request).voice,
+        "speech synthesis is disabled on this server (tts.enabled: false)",
+        "tts_disabled",
+    )
 
 
+@operation("The voices this server speaks with")
 async def voices(request: web.Request) -> web.Response:
     """The voices this server speaks with (OpenAI's names are accepted and map to the first)."""
     voice = voice_service(request)
@@ -97,10 +96,18 @@ async def voices(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data})
 
 
+@operation(
+    "Speak a text (class voice by default); stream_format audio or sse sends each sentence as "
+    "soon as it is synthesised",
+    ok={200: "The audio, or text/event-stream of speech.audio.*"},
+    errors=(400, 401, 409, 413, 429),
+    json=SPEECH_SCHEMA,
+    class_header=True,
+)
 async def speech(request: web.Request) -> web.StreamResponse:
     """OpenAI's `POST /v1/audio/speech`."""
     voice = voice_service(request)
-    body = validate(SPEECH_SCHEMA, await json_body(request))
+    body = await read_json(request)
     name = body.get("voice")
     try:
         voice.check_voice(name["id"] if isinstance(name, dict) else name)
