@@ -42,7 +42,8 @@ async def async_setup_entry(
 class Pause:
     """The speaker's first pause in 16-bit PCM chunks, by loudness: a chunk is speech when its
     RMS is above a tenth of the loudest so far (and a floor). The server's Wyoming side uses
-    the same rule; this copy lives here because the integration cannot import the server."""
+    the same rule; this copy lives here because the integration cannot import the server, and
+    both keep one specification (tests/fixtures/pause-detector.json, played by both suites)."""
 
     rate: int = 16000
     pause_s: float = 0.3

@@ -466,7 +466,8 @@ class PauseDetector:
     """Finds the speaker's first pause in a stream of 16 kHz 16-bit chunks, by loudness: a
     chunk is speech when its RMS is above a tenth of the loudest chunk so far (and above a
     floor). It only decides when to transcribe early; whether the early transcript stands is
-    decided at the end with Silero VAD (`_speech_after`)."""
+    decided at the end with Silero VAD (`_speech_after`). The integration's STT entity has its
+    own copy (it cannot import the server); both keep tests/fixtures/pause-detector.json."""
 
     pause_s: float = 0.3
     floor: float = 0.01
