@@ -1,4 +1,8 @@
-"""The `fairlane` command: serve, simulate, bench."""
+"""The `fairlane` command: serve, simulate, tune, bench.
+
+Longer than the project's ~450 lines on purpose: every subcommand's arguments, each next to the
+few lines that run it (the work is in `server`, `sim` and `bench`).
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,9 @@
 
 Every key has a default; the README's table lists them. Errors name the key and the rule, e.g.
 "policy.slice_ms: value must be at least 1".
+
+Longer than the project's ~450 lines on purpose: the whole file's schema and its dataclasses
+read top to bottom in the order of the YAML, one section after another.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fairlane.voice.wyoming import PauseDetector
+from fairlane.voice.pause import PauseDetector
 
 SPEC = json.loads((Path(__file__).parents[1] / "fixtures" / "pause-detector.json").read_text())
 

@@ -16,6 +16,8 @@ jitter), so the load is many patient clients, not one hammering loop. The figure
 - **time to refusal**: how long a 429 took to arrive (a refusal should be fast);
 - **health**: how long `/health` took to answer while the load ran;
 - **RSS**: the server's resident memory at the start, its peak, and at the end.
+
+Longer than the project's ~450 lines on purpose: one benchmark, its clients and its report.
 """
 
 from __future__ import annotations

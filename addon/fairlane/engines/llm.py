@@ -3,6 +3,9 @@
 The engine never decides what runs: it turns a planned `LlmPlan` into exactly one
 `llama_decode` call whose batch carries one token for each decoding sequence plus the prefill
 chunks the plan chose, samples a token for each chunk that asks for one, and reports back.
+
+Longer than the project's ~450 lines on purpose: llama.cpp's C API (batch, KV, sampling) is
+bound in one place, so what the engine does per step reads in one file.
 """
 
 from __future__ import annotations

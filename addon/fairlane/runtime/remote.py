@@ -24,6 +24,9 @@ and its success closes the breaker again. A 4xx from the remote is the request's
 and is passed to the client as it is.
 
 Everything here runs on the server's event loop: a remote request is I/O, not device work.
+
+Longer than the project's ~450 lines on purpose: one lane's queue, admission, streaming client
+and circuit breaker share their state and are read together.
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ microphone has (checked before any conversion), an utterance of MAX_DECODE_S sec
 `wyoming.idle_timeout_s` between events (FIRST_EVENT_S before the first), so that idle
 connections cannot hold every slot. Anything malformed or over a bound gets an `error` event,
 and the connection is closed. `wyoming.clients` lists the addresses that may connect at all.
+
+Longer than the project's ~450 lines on purpose: one connection's state machine (describe,
+transcribe with its early transcript, synthesize sentence by sentence) reads best whole; the
+pause rule is in `voice.pause`, the work itself in `voice.transcription` and `voice.synthesis`.
 """
 
 from __future__ import annotations
@@ -45,7 +49,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import numpy as np
 from wyoming.asr import Transcribe, Transcript, TranscriptChunk, TranscriptStart, TranscriptStop
 from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
 from wyoming.error import Error
@@ -73,6 +76,7 @@ from fairlane.engines.tts import TextError
 from fairlane.policy import Priority
 from fairlane.runtime.device import Devices
 from fairlane.runtime.telemetry import Telemetry
+from fairlane.voice.pause import PauseDetector, pcm_floats, speech_after
 from fairlane.voice.synthesis import SentenceBuffer, VoiceService, sentences_of, speak
 from fairlane.voice.transcription import Cancelled, Expired, Refused, transcribe
 
@@ -359,7 +363,7 @@ class WyomingHandler(AsyncEventHandler):
             self.early = None
         service = self.services.speech
         if paused and self.early is None and self.services.early and service is not None:
-            utterance = Utterance(_float(bytes(self.audio)), self.language)
+            utterance = Utterance(pcm_floats(bytes(self.audio)), self.language)
             task = asyncio.create_task(_voice(service, utterance, self.services.priority))
             task.add_done_callback(_consume)
             self.early = EarlyTranscript(task, len(self.audio) // 2)
@@ -428,7 +432,7 @@ class WyomingHandler(AsyncEventHandler):
         await self.write_event(AudioStop().event())
 
     async def _transcribe(self) -> None:
-        utterance = Utterance(_float(bytes(self.audio)), self.language)
+        utterance = Utterance(pcm_floats(bytes(self.audio)), self.language)
         service = self.services.speech
         if service is None:
             await self.write_event(
@@ -438,7 +442,7 @@ class WyomingHandler(AsyncEventHandler):
         early, self.early = self.early, None
         try:
             stands = early is not None and not await asyncio.to_thread(
-                _speech_after, utterance.audio, early.samples
+                speech_after, utterance.audio, early.samples
             )
             if early is not None and stands:
                 result = await early.task  # nothing said since the pause: the guess stands
@@ -461,62 +465,12 @@ class EarlyTranscript:
     samples: int  # the audio it covers
 
 
-@dataclass
-class PauseDetector:
-    """Finds the speaker's first pause in a stream of 16 kHz 16-bit chunks, by loudness: a
-    chunk is speech when its RMS is above a tenth of the loudest chunk so far (and above a
-    floor). It only decides when to transcribe early; whether the early transcript stands is
-    decided at the end with Silero VAD (`_speech_after`). The integration's STT entity has its
-    own copy (it cannot import the server); both keep tests/fixtures/pause-detector.json."""
-
-    pause_s: float = 0.3
-    floor: float = 0.01
-    loudest: float = 0.0
-    heard: bool = False
-    speaking: bool = False  # the last chunk was speech
-    quiet_s: float = 0.0
-
-    def feed(self, chunk: bytes) -> bool:
-        """True once, when the trailing quiet first reaches `pause_s` after speech."""
-        samples = _float(chunk)
-        if samples.size == 0:
-            return False
-        rms = float(np.sqrt(np.mean(samples**2)))
-        self.loudest = max(self.loudest, rms)
-        self.speaking = rms > max(self.floor, 0.1 * self.loudest)
-        if self.speaking:
-            self.heard, self.quiet_s = True, 0.0
-            return False
-        before = self.quiet_s
-        self.quiet_s += samples.size / SAMPLE_RATE
-        return self.heard and before < self.pause_s <= self.quiet_s
-
-
 async def _voice(
     service: SpeechService, utterance: Utterance, priority: Priority
 ) -> TranscriptEvent:
     """A Wyoming utterance is work of the client "wyoming" (it has no authentication)."""
     return await transcribe(
         service.device, service.engine, service.telemetry, utterance, priority, "wyoming"
-    )
-
-
-def _float(pcm: bytes) -> np.ndarray:
-    return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
-
-
-def _speech_after(audio: np.ndarray, start: int) -> bool:
-    """Whether Silero VAD hears speech in `audio` after sample `start` (a soft last word the
-    loudness rule missed keeps the early transcript from standing)."""
-    from faster_whisper.vad import VadOptions, get_speech_timestamps
-
-    tail = audio[max(0, start - SAMPLE_RATE // 10) :]
-    if tail.size < SAMPLE_RATE // 10:
-        return False
-    options = VadOptions(min_speech_duration_ms=100)
-    return any(
-        segment["end"] > SAMPLE_RATE // 10
-        for segment in get_speech_timestamps(tail, options, sampling_rate=SAMPLE_RATE)
     )
 
 
