@@ -30,7 +30,7 @@ from fairlane.api.common import (
     services_of,
 )
 from fairlane.api.openapi import operation
-from fairlane.engines.tts import TextError, wav_bytes
+from fairlane.engines.tts import MAX_INPUT_CHARS, TextError, wav_bytes
 from fairlane.policy import Priority
 from fairlane.voice.synthesis import VoiceService, sentences_of, speak
 from fairlane.voice.transcription import Cancelled, Expired, Refused
@@ -56,7 +56,9 @@ STREAMABLE = ("wav", "pcm", "mp3")  # formats whose pieces can be sent one sente
 SPEECH_SCHEMA = vol.Schema(
     {
         vol.Optional("model"): str,
-        vol.Required("input"): str,
+        vol.Required(
+            "input", description=f"at most {MAX_INPUT_CHARS} characters (a longer one is a 400)"
+        ): str,
         vol.Optional("voice"): vol.Any(str, {vol.Required("id"): str}),
         vol.Optional("instructions"): str,  # accepted for compatibility; a Piper voice has none
         vol.Optional("response_format", default="mp3"): vol.In(list(CONTENT_TYPES)),
