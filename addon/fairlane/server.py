@@ -57,6 +57,7 @@ from fairlane.documents.store import progress
 from fairlane.policy import Kind, Priority
 from fairlane.runtime.components import storage_full
 from fairlane.runtime.device import DeviceLoop, StepRecord
+from fairlane.runtime.prediction import prediction_error
 from fairlane.runtime.remote import RemoteError
 from fairlane.startup import StartupError, build_services, exposure_warnings
 from fairlane.voice import wyoming
@@ -238,7 +239,9 @@ async def stats(request: web.Request) -> web.Response:
     }
     body["device"] = devices[svc.device.loop_for(Kind.LLM).name]
     body["devices"] = devices
-    body["steps"] = _step_summary(svc.device.records)
+    records = svc.device.records
+    body["steps"] = _step_summary(records)
+    body["prediction_error"] = prediction_error(records, svc.device.clock())
     if svc.remotes:
         body["remotes"] = {lane.name: lane.stats() for lane in svc.remotes}
     if svc.documents is not None:
@@ -250,6 +253,7 @@ async def stats(request: web.Request) -> web.Response:
 @operation("Prometheus metrics", ok={200: "Prometheus text format"})
 async def metrics(request: web.Request) -> web.Response:
     svc = services_of(request)
+    svc.telemetry.prediction_error(prediction_error(svc.device.records, svc.device.clock()))
     return web.Response(
         body=svc.telemetry.prometheus(svc.device.snapshot()),
         content_type="text/plain",

@@ -116,8 +116,13 @@ def test_models_health_stats_metrics_and_openapi(server: BackgroundServer) -> No
     assert stats["classes"]["chat"]["ttft_ms"]["p50"] is not None
     assert stats["steps"] and stats["steps"][-1]["kind"] == "llm"
     assert 0 < stats["device"]["busy"] <= 1 and stats["device"]["share"]["chat"] > 0
+    # The cost model's error on the steps just run: a prefill and decodes of the LLM.
+    llm = stats["prediction_error"][stats["steps"][-1]["device"]]
+    assert llm["decode"]["steps"] >= 1 and llm["decode"]["median"] >= 0
+    assert {"prefill", "decode", "mixed"} & set(llm) and llm["decode"]["p95"] >= 0
     status, text = http(server, "GET", "/metrics")
     assert status == 200 and "fairlane_ttft_seconds_bucket" in text
+    assert 'fairlane_prediction_error_ratio{device=' in text
     status, spec = http(server, "GET", "/openapi.json")
     assert status == 200 and "/v1/chat/completions" in spec["paths"]
 

@@ -90,6 +90,13 @@ def test_the_dashboard_shows_what_the_stats_say(busy_server, chromium, tmp_path)
     assert progress.get_attribute("data-done") == str(indexing["chunks_done"])
     assert progress.get_attribute("data-total") == str(indexing["chunks_total"]) != "0"
     assert "100%" in progress.inner_text()
+    # The cost model's error, per device loop and step kind, as /v1/stats has it.
+    errors = stats["prediction_error"]
+    assert errors and all(errors.values())
+    for device, kinds in errors.items():
+        for step, figures in kinds.items():
+            shown = page.inner_text(f"[data-field='{device}.{step}.median']")
+            assert abs(int(shown.rstrip("%")) - figures["median"] * 100) <= 1, (device, step)
     # The timeline drew the device's steps: some pixels of the chat lane's colour.
     drawn = page.evaluate(
         """() => {

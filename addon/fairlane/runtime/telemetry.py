@@ -111,6 +111,12 @@ class Telemetry:
             registry=self.registry,
         )
         self.speech_rtf: deque[tuple[float, Priority, float]] = deque(maxlen=2000)
+        self.prediction = Gauge(
+            "fairlane_prediction_error_ratio",
+            "The cost model's |predicted - measured| / measured step time, last 5 minutes",
+            ["device", "step", "quantile"],
+            registry=self.registry,
+        )
 
     # --- observations ------------------------------------------------------------------------
 
@@ -222,6 +228,15 @@ class Telemetry:
             },
             "cost_fit": device["cost_fit"],
         }
+
+    def prediction_error(self, errors: dict[str, dict[str, dict[str, Any]]]) -> None:
+        """Export `fairlane.runtime.prediction`'s figures (median and p95 per step kind)."""
+        self.prediction.clear()
+        for device, kinds in errors.items():
+            for step, figures in kinds.items():
+                for quantile, key in (("0.5", "median"), ("0.95", "p95")):
+                    if figures[key] is not None:
+                        self.prediction.labels(device, step, quantile).set(figures[key])
 
     def prometheus(self, device: dict[str, Any]) -> bytes:
         self.stats(device)  # refresh the gauges
