@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,7 @@ def _bench(args: argparse.Namespace) -> int:
             tuple(args.prefill_sizes),
             tuple(args.decode_sizes),
             tuple(args.context_sizes),
+            tuple(args.occupancy),
         )
     elif args.what == "embed":
         from fairlane.bench.embed import embed_bench, search_latency
@@ -243,6 +245,33 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _occupancy(item: str) -> tuple[int, int]:
+    try:
+        others, cells = (int(part) for part in item.lower().split("x"))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{item!r}: give NxM, e.g. 2x512") from err
+    return others, cells
+
+
+def _profile_fit(args: argparse.Namespace) -> int:
+    from fairlane.profiles.fit import fit_profile
+
+    text, errors = fit_profile(
+        Path(args.engine),
+        args.base,
+        args.name,
+        args.description,
+        Path(args.embed) if args.embed else None,
+        args.embed_dtype,
+        command="fairlane " + shlex.join(sys.argv[1:]),
+    )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(text)
+    print(f"written: {args.out}; fit error: {json.dumps(errors)}")
+    return 0
+
+
 def _key_value(item: str) -> tuple[str, float]:
     key, _, value = item.partition("=")
     try:
@@ -335,6 +364,20 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--json", help="write every trial here")
     tune.set_defaults(func=_tune)
 
+    profile = sub.add_parser("profile", help="cost profiles")
+    profile_sub = profile.add_subparsers(dest="action", required=True)
+    fit = profile_sub.add_parser(
+        "fit", help="fit a profile's terms from `fairlane bench engine --json` (and embeddings)"
+    )
+    fit.add_argument("--engine", required=True, help="`fairlane bench engine --json` output")
+    fit.add_argument("--embed", help="embedding throughput JSON (texts/s per batch size)")
+    fit.add_argument("--embed-dtype", default="float16", help="which of its runs to fit")
+    fit.add_argument("--base", default="cpu-2core", help="profile for the terms not measured")
+    fit.add_argument("--name", required=True)
+    fit.add_argument("--description", required=True)
+    fit.add_argument("--out", required=True, help="the profile YAML to write")
+    fit.set_defaults(func=_profile_fit)
+
     bench = sub.add_parser("bench", help="benchmarks (printed figures)")
     bench.add_argument(
         "what",
@@ -392,6 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         default=[],
         help="engine: context lengths before one sequence's decode iteration",
+    )
+    bench.add_argument(
+        "--occupancy",
+        type=_occupancy,
+        nargs="*",
+        default=[],
+        help="engine: NxM, a decode beside N sequences holding M KV cells each (e.g. 2x512)",
     )
     bench.add_argument(
         "--gpu-layers",

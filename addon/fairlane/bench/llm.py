@@ -53,18 +53,22 @@ def engine_costs(
     prefill_sizes: tuple[int, ...] = (64, 256, 512),
     decode_sizes: tuple[int, ...] = (1, 2, 4, 8),
     context_sizes: tuple[int, ...] = (),
+    occupancy: tuple[tuple[int, int], ...] = (),
 ) -> dict[str, Any]:
     """Prefill cost per token at each chunk size, one decode iteration at each number of
-    sequences, and (with `context_sizes`) one sequence's decode iteration after a prompt of
-    each length: the terms of the cost model, on this machine. `model`: another GGUF than the
-    default (the GPU evidence uses random-weight models of real shapes); `gpu_layers`: layers
-    offloaded (999: all)."""
+    sequences, (with `context_sizes`) one sequence's decode iteration after a prompt of each
+    length, and (with `occupancy`, pairs (n, m)) one sequence's decode beside n others holding
+    m KV cells each: the terms of the cost model, on this machine. Every step is also written
+    with its shape (`points`), which `fairlane profile fit` fits the profile from. `model`:
+    another GGUF than the default (the GPU evidence uses random-weight models of real
+    shapes); `gpu_layers`: layers offloaded (999: all)."""
     from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams
     from fairlane.policy import Chunk, LlmPlan, Priority
 
-    longest = max((*prefill_sizes, *context_sizes, 64))
-    n_seq = max(decode_sizes)
-    n_ctx = max(4096, n_seq * 96, longest + 64)
+    longest = max((*prefill_sizes, *context_sizes, *(m for _, m in occupancy), 64))
+    n_seq = max((*decode_sizes, *(n + 1 for n, _ in occupancy)))
+    held_most = max((n * m for n, m in occupancy), default=0)
+    n_ctx = max(4096, n_seq * 96, longest + 64, held_most + 256)
     engine = LlamaEngine(
         EngineConfig(
             model or models.resolve_llm(models.DEFAULT_LLM),
@@ -87,8 +91,16 @@ def engine_costs(
         "prefill_ms_per_token": {},
         "decode_ms_per_iteration": {},
         "context_decode_ms": {},
+        "occupancy_decode_ms": {},
+        "points": [],
     }
     print(f"engine step costs, {engine.threads} threads (median of repeats)")
+    # One untimed prefill first: the first step of a run pays one-time set-up (on CUDA, the
+    # kernels' first launch), which made the smallest chunk look dearer than the next.
+    engine.add("warm-up", tokens[:64], params)
+    engine.execute(LlmPlan((Chunk("warm-up", 0, 64, True, False, Priority.CHAT),), (), 0.0, 64))
+    engine.release("warm-up")
+    position = 64 + 6 + 1  # a decode's KV position at the median of its 12 iterations
     for size in prefill_sizes:
         times = []
         for _ in range(3):
@@ -99,10 +111,12 @@ def engine_costs(
             times.append(result.elapsed_s)
         per_token = sorted(times)[1] / size
         out["prefill_ms_per_token"][size] = round(per_token * 1000, 4)
+        out["points"].append(_point("prefill", size, 0, size, size, per_token * size))
         print(f"  prefill {size:>4} tokens: {per_token * 1000:.2f} ms/token")
     for seqs in decode_sizes:
         median = _decode_median(engine, tokens, params, seqs, 64)
         out["decode_ms_per_iteration"][seqs] = round(median * 1000, 2)
+        out["points"].append(_point("decode", 0, seqs, seqs * position, seqs * position, median))
         print(
             f"  decode, {seqs} sequences: {median * 1000:.1f} ms/iteration "
             f"({seqs / median:.0f} tok/s)"
@@ -110,9 +124,34 @@ def engine_costs(
     for context in context_sizes:
         median = _decode_median(engine, tokens, params, 1, context)
         out["context_decode_ms"][context] = round(median * 1000, 2)
+        at = context + 7
+        out["points"].append(_point("context", 0, 1, at, at, median))
         print(f"  decode after {context:>5} tokens of context: {median * 1000:.1f} ms")
+    for others, cells in occupancy:
+        # Sequences that hold KV and do nothing else, as summaries waiting between their slices.
+        for i in range(others):
+            engine.add(f"held{i}", tokens[:cells], params)
+            engine.execute(
+                LlmPlan((Chunk(f"held{i}", 0, cells, False, False, Priority.BACKGROUND),), (),
+                        0.0, cells)
+            )
+        median = _decode_median(engine, tokens, params, 1, 64)
+        for i in range(others):
+            engine.release(f"held{i}")
+        out["occupancy_decode_ms"][f"{others}x{cells}"] = round(median * 1000, 2)
+        out["points"].append(
+            _point("occupancy", 0, 1, position, position + others * cells, median)
+        )
+        print(f"  decode beside {others} sequences of {cells} cells: {median * 1000:.1f} ms")
     engine.close()
     return out
+
+
+def _point(what: str, prefill: int, decodes: int, context: int, held: int, seconds: float
+           ) -> dict[str, Any]:
+    """One measured step with its shape (`fairlane.profiles.fit.Point`)."""
+    return {"what": what, "prefill": prefill, "decodes": decodes, "context": context,
+            "held": held, "ms": round(seconds * 1000, 3)}
 
 
 def _decode_median(engine: Any, tokens: list[int], params: Any, seqs: int, prompt: int) -> float:

@@ -73,6 +73,7 @@ class IterationBuilder:
     prefill: int = 0
     decodes: int = 0
     context: int = 0
+    held: int = 0  # KV cells the running sequences hold; grows with every token added
 
     @property
     def token_room(self) -> int:
@@ -84,14 +85,19 @@ class IterationBuilder:
 
     def predicted_s(self, prefill: int = 0, decodes: int = 0, context: int = 0) -> float:
         return self.cost.llm_s(
-            self.prefill + prefill, self.decodes + decodes, self.context + context
+            self.prefill + prefill,
+            self.decodes + decodes,
+            self.context + context,
+            self.held + prefill + decodes,
         )
 
     def prefill_room(self, budget_s: float | None) -> int:
         """Prefill tokens that still fit both the token budget and the time budget."""
         if budget_s is None:
             return self.token_room
-        fits = self.cost.prefill_tokens_within(budget_s, self.prefill, self.decodes, self.context)
+        fits = self.cost.prefill_tokens_within(
+            budget_s, self.prefill, self.decodes, self.context, self.held
+        )
         return min(self.token_room, fits)
 
     def add(self, request: Request, num_tokens: int) -> Chunk:
@@ -107,6 +113,7 @@ class IterationBuilder:
         self.chunks.append(chunk)
         self.scheduled.add(request.id)
         self.tokens += num_tokens
+        self.held += num_tokens
         if chunk.decode:
             self.decodes += 1
         else:
@@ -120,6 +127,7 @@ class IterationBuilder:
             preempted=tuple(preempted),
             predicted_s=self.predicted_s(),
             context_tokens=self.context,
+            held_tokens=self.held,
         )
 
 
@@ -250,6 +258,10 @@ class Policy(ABC):
                 self.cancel(request.id, now)
                 expired.append(request)
         return expired
+
+    def held_tokens(self) -> int:
+        """KV cells the running sequences hold (what every token's attention is masked over)."""
+        return sum(r.computed_tokens for r in self.running.values())
 
     def has_work(self) -> bool:
         return bool(self.requests)

@@ -1,11 +1,20 @@
 """The cost model: how long a step of a given shape takes on this device.
 
 Linear in the quantities that dominate each engine (Sarathi-Serve and vLLM's own profiling use the
-same shape): an LLM iteration pays a fixed launch/weight-read cost, a cost per prefill token, a
-cost per decoding sequence and a cost per KV position attended to. A profile gives each term's
-starting value; the real engines feed measured step times back through `observe()`, and a
-recursive least-squares fit learns one multiplier per term, so a device whose prefill is slower
-but whose decode is faster than the profile says is learned term by term, not as one average.
+same shape). An LLM iteration pays a fixed launch/weight-read cost; a further fixed cost when it
+carries a prompt chunk (the large-batch kernels); a cost per prefill token; a cost per decoding
+sequence (its logits, sampling and hand-off on the host); a cost per KV position each sequence
+attends to; and a cost per batch token per KV cell held by *all* sequences: llama.cpp's unified
+KV cache masks every token's attention over every cell in use, so a voice decode slows while
+background summaries hold cells.
+
+A profile gives each term's value, fitted from `fairlane bench engine` sweeps
+(`fairlane profile fit`, `fairlane.profiles.fit`). The real engines feed measured step times
+back through `observe()`, and a recursive least-squares fit learns one multiplier per term, so
+a device whose prefill is slower but whose decode is faster than the profile says is learned
+term by term. A multiplier the fit would move out of `PLAUSIBLE` is not a device that differs
+from its profile but a cost the model's form lacks: that update is refused for the term and
+reported (`form_errors`, in /v1/stats' `cost_fit`), not clamped silently.
 """
 
 from __future__ import annotations
@@ -19,10 +28,12 @@ from fairlane.policy.request import Kind
 
 @dataclass(frozen=True)
 class LlmCost:
-    base_ms: float
-    prefill_token_ms: float
-    decode_seq_ms: float
-    context_token_us: float = 0.0
+    base_ms: float  # every iteration
+    prefill_token_ms: float  # per prompt token
+    decode_seq_ms: float  # per decoding sequence
+    context_token_us: float = 0.0  # per KV position a sequence's chunk attends to
+    prefill_base_ms: float = 0.0  # an iteration that carries a prompt chunk
+    attention_ns: float = 0.0  # per batch token per KV cell held by all sequences
 
 
 @dataclass(frozen=True)
@@ -72,12 +83,15 @@ class OnlineFit:
     prior_var: float = 100.0  # of a multiplier, relative to the noise of one relative error
     weights: list[float] = field(default_factory=list)
     cov: list[list[float]] = field(default_factory=list)
+    last_proposed: list[float] = field(default_factory=list)  # the last update's proposal
 
     def __post_init__(self) -> None:
         self.weights = [1.0] * self.size
+        self.last_proposed = [1.0] * self.size
         self._reset_cov()
 
-    def update(self, terms: tuple[float, ...], measured: float) -> None:
+    def update(self, terms: tuple[float, ...], measured: float) -> list[int]:
+        """Fold in one step; the terms whose update was refused as implausible."""
         scale = max(measured, 1e-3)
         x = [t / scale for t in terms]
         y = measured / scale
@@ -85,12 +99,15 @@ class OnlineFit:
         denom = self.forget + sum(x[i] * px[i] for i in range(self.size))
         if not math.isfinite(denom) or denom < self.forget:  # P lost its shape to rounding
             self._reset_cov()
-            return
+            return []
         gain = [v / denom for v in px]
         error = y - sum(w * v for w, v in zip(self.weights, x, strict=True))
+        proposed = [w + g * error for w, g in zip(self.weights, gain, strict=True)]
+        self.last_proposed = proposed
+        refused = [i for i, w in enumerate(proposed) if not PLAUSIBLE[0] <= w <= PLAUSIBLE[1]]
         self.weights = [
-            min(max(w + g * error, MIN_WEIGHT), MAX_WEIGHT)
-            for w, g in zip(self.weights, gain, strict=True)
+            old if i in refused else new
+            for i, (old, new) in enumerate(zip(self.weights, proposed, strict=True))
         ]
         n = self.size
         cov = [
@@ -105,13 +122,14 @@ class OnlineFit:
         for i in range(n):
             if not cov[i][i] > MIN_VAR:
                 self._reset_cov()
-                return
+                return refused
             if cov[i][i] > self.prior_var:
                 shrink = math.sqrt(self.prior_var / cov[i][i])
                 for j in range(n):
                     cov[i][j] *= shrink
                     cov[j][i] *= shrink
         self.cov = cov
+        return refused
 
     def _reset_cov(self) -> None:
         """Forget the fit's confidence, not its weights: the next steps re-learn the shape."""
@@ -120,10 +138,13 @@ class OnlineFit:
         ]
 
 
-MIN_WEIGHT, MAX_WEIGHT = 0.05, 20.0
+# A term's multiplier beyond these is not a device that differs from its profile: the model's
+# form lacks a cost (or the profile is of another device). Such an update is refused for the
+# term and reported.
+PLAUSIBLE = (0.2, 5.0)
 MIN_VAR = 1e-12
 TERMS: dict[Kind, tuple[str, ...]] = {
-    Kind.LLM: ("base", "prefill_token", "decode_seq", "context_token"),
+    Kind.LLM: ("base", "prefill_base", "prefill_token", "decode_seq", "context_token", "attention"),
     Kind.EMBED: ("base", "token"),
     Kind.STT: ("base", "utterance", "audio_s"),
     Kind.TTS: ("base", "phoneme"),
@@ -138,16 +159,21 @@ class CostModel:
     fits: dict[Kind, OnlineFit] = field(
         default_factory=lambda: {k: OnlineFit(len(names)) for k, names in TERMS.items()}
     )
+    # Per engine and term: how many updates were refused as implausible, and the last
+    # multiplier the fit proposed (a model-form error: see the module's docstring).
+    form_errors: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     # --- each engine's terms, in milliseconds as the profile states them --------------------
 
-    def _llm_terms(self, prefill: int, decodes: int, context: int) -> tuple[float, ...]:
+    def _llm_terms(self, prefill: int, decodes: int, context: int, held: int) -> tuple[float, ...]:
         c = self.profile.llm
         return (
             c.base_ms,
+            c.prefill_base_ms if prefill else 0.0,
             c.prefill_token_ms * prefill,
             c.decode_seq_ms * decodes,
             c.context_token_us * context / 1000.0,
+            c.attention_ns * (prefill + decodes) * held / 1e6,
         )
 
     def _embed_terms(self, padded_tokens: int) -> tuple[float, ...]:
@@ -166,8 +192,13 @@ class CostModel:
 
     # --- predictions ---------------------------------------------------------------------------
 
-    def llm_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        return self._seconds(Kind.LLM, self._llm_terms(prefill_tokens, decode_seqs, context_tokens))
+    def llm_s(
+        self, prefill_tokens: int, decode_seqs: int, context_tokens: int, held_tokens: int = 0
+    ) -> float:
+        """An iteration of this shape; `held_tokens`: KV cells in use by all sequences."""
+        return self._seconds(
+            Kind.LLM, self._llm_terms(prefill_tokens, decode_seqs, context_tokens, held_tokens)
+        )
 
     def embed_s(self, padded_tokens: int) -> float:
         return self._seconds(Kind.EMBED, self._embed_terms(padded_tokens))
@@ -184,7 +215,9 @@ class CostModel:
 
     def _terms(self, plan: StepPlan) -> tuple[float, ...]:
         if isinstance(plan, LlmPlan):
-            return self._llm_terms(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens)
+            return self._llm_terms(
+                plan.prefill_tokens, plan.decode_seqs, plan.context_tokens, plan.held_tokens
+            )
         if isinstance(plan, EmbedPlan):
             return self._embed_terms(plan.padded_tokens)
         if isinstance(plan, SttPlan):
@@ -201,14 +234,31 @@ class CostModel:
         }[kind]
         return base * self.fits[kind].weights[0] / 1000.0
 
+    def prompt_fixed_s(self) -> float:
+        """The fixed cost an LLM iteration pays for carrying a prompt chunk at all."""
+        return self.fits[Kind.LLM].weights[1] * self.profile.llm.prefill_base_ms / 1000.0
+
     def prefill_tokens_within(
-        self, budget_s: float, prefill_tokens: int, decode_seqs: int, context_tokens: int
+        self,
+        budget_s: float,
+        prefill_tokens: int,
+        decode_seqs: int,
+        context_tokens: int,
+        held_tokens: int = 0,
     ) -> int:
-        """The most extra prefill tokens an iteration can carry and still finish in `budget_s`."""
-        spare_s = budget_s - self.llm_s(prefill_tokens, decode_seqs, context_tokens)
+        """The most extra prefill tokens an iteration can carry and still finish in `budget_s`
+        (each new token is held and attended to as well)."""
+        spare_s = budget_s - self.llm_s(prefill_tokens, decode_seqs, context_tokens, held_tokens)
         w = self.fits[Kind.LLM].weights
         c = self.profile.llm
-        per_token_s = (w[1] * c.prefill_token_ms + w[3] * c.context_token_us / 1000.0) / 1000.0
+        if not prefill_tokens:  # the first prompt chunk brings the prompt's fixed cost
+            spare_s -= w[1] * c.prefill_base_ms / 1000.0
+        per_token_ms = (
+            w[2] * c.prefill_token_ms
+            + w[4] * c.context_token_us / 1000.0
+            + w[5] * c.attention_ns * (prefill_tokens + decode_seqs + held_tokens) / 1e6
+        )
+        per_token_s = per_token_ms / 1000.0
         if spare_s <= 0 or per_token_s <= 0:
             return 0
         return math.floor(spare_s / per_token_s)
@@ -228,7 +278,12 @@ class CostModel:
         """Fold a measured step time into the fit of its engine's terms."""
         if measured_s <= 0:
             return
-        self.fits[plan.kind].update(self._terms(plan), measured_s * 1000.0)
+        refused = self.fits[plan.kind].update(self._terms(plan), measured_s * 1000.0)
+        for index in refused:
+            errors = self.form_errors.setdefault(plan.kind.value, {})
+            entry = errors.setdefault(TERMS[plan.kind][index], {"refused": 0, "proposed": 0.0})
+            entry["refused"] += 1
+            entry["proposed"] = round(self.fits[plan.kind].last_proposed[index], 3)
 
     def weights(self) -> dict[str, dict[str, float]]:
         """Each engine's learned multiplier per profile term (1.0: as the profile says)."""

@@ -139,7 +139,7 @@ class Lanes(Policy):
         """
         budget = self.config.itl_budget_s(request.priority)
         if request.priority is Priority.VOICE and budget is not None:
-            alone = self.cost.llm_s(0, 1, request.computed_tokens)
+            alone = self.cost.llm_s(0, 1, request.computed_tokens, request.computed_tokens)
             budget = min(budget, self.config.voice_pace * alone)
         return budget
 

@@ -17,11 +17,17 @@ class LlmIteration(Lanes):
         A step owed to background (rule 8) carries background work and the interactive decodes
         (they never miss a token), but no interactive prompt: it is background's slice.
         """
-        batch = IterationBuilder(self.cost, self.config.max_batch_tokens, self.config.max_num_seqs)
+        batch = IterationBuilder(
+            self.cost,
+            self.config.max_batch_tokens,
+            self.config.max_num_seqs,
+            held=self.held_tokens(),
+        )
         preempted: list[str] = []
         if choice.owed:
             decodes = [r for r in self._by_urgency(interactive=True) if r.is_decode]
-            decode_cost = self.cost.llm_s(0, len(decodes), 0) - self.cost.llm_s(0, 0, 0)
+            held = self.held_tokens()
+            decode_cost = self.cost.llm_s(0, len(decodes), 0, held) - self.cost.llm_s(0, 0, 0, held)
             self._schedule_background(batch, preempted, self.config.slice_s - decode_cost, now)
             if not batch.chunks:
                 return None  # background cannot run on this lane now: the next lane may

@@ -35,6 +35,7 @@ class LlmPlan:
     preempted: tuple[str, ...]  # sequences whose KV must be dropped before this step
     predicted_s: float
     context_tokens: int  # KV positions attended to, for the cost model
+    held_tokens: int = 0  # KV cells in use by all sequences while it runs (unified KV)
 
     kind = Kind.LLM
 

@@ -173,7 +173,7 @@ class FairlaneScheduler(BatchSteps, LlmIteration):
             context += request.computed_tokens
         if not due:
             return None
-        return min(due) - now - self.cost.llm_s(0, decodes, context)
+        return min(due) - now - self.cost.llm_s(0, decodes, context, self.held_tokens())
 
     # --- admission (rule 9) ------------------------------------------------------------------
 
@@ -233,20 +233,24 @@ class FairlaneScheduler(BatchSteps, LlmIteration):
             if r.priority <= request.priority and not r.is_decode
         )
         decodes = sum(1 for r in self.running.values() if r.priority.interactive)
+        held = self.held_tokens()
         chunk = min(
             self.config.max_batch_tokens,
             max(
                 self.config.min_prefill_chunk,
-                self.cost.prefill_tokens_within(self.config.arrival_wait_s, 0, decodes, 0),
+                self.cost.prefill_tokens_within(self.config.arrival_wait_s, 0, decodes, 0, held),
             ),
         )
         iterations = max(1, math.ceil(prefill / chunk))
-        per_iteration = self.cost.llm_s(0, decodes, 0)
+        # Each iteration: the decodes riding along, and the fixed cost of a prompt chunk (the
+        # prompt's own tokens are counted once, below, with the prompt's fixed cost).
+        per_iteration = self.cost.llm_s(0, decodes, 0, held) + self.cost.prompt_fixed_s()
         return (
             in_flight
             + iterations * per_iteration
-            + self.cost.llm_s(prefill, 0, 0)
-            - (self.cost.llm_s(0, 0, 0))
+            - self.cost.prompt_fixed_s()
+            + self.cost.llm_s(prefill, 0, 0, held)
+            - self.cost.llm_s(0, 0, 0, held)
         )
 
     def _retire(self, request: Request, status: Status, now: float) -> None:

@@ -1,4 +1,5 @@
-"""Cost profiles shipped with Fairlane: this machine's CPU and two GPUs (sources in each file)."""
+"""Cost profiles shipped with Fairlane: fitted from measurements (`fit.py`, `data/`) or, where
+no device was at hand, estimated from published figures (each file says which)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ PROFILE_SCHEMA = vol.Schema(
             vol.Required("prefill_token_ms"): _NUMBER,
             vol.Required("decode_seq_ms"): _NUMBER,
             vol.Optional("context_token_us", default=0.0): _NUMBER,
+            vol.Optional("prefill_base_ms", default=0.0): _NUMBER,
+            vol.Optional("attention_ns", default=0.0): _NUMBER,
         },
         vol.Required("embed"): {
             vol.Required("base_ms"): _NUMBER,
@@ -36,6 +39,8 @@ PROFILE_SCHEMA = vol.Schema(
             vol.Required("base_ms"): _NUMBER,
             vol.Required("phoneme_ms"): _NUMBER,
         },
+        # A fitted profile's error on the measurements it came from (`fairlane profile fit`).
+        vol.Optional("fit_error"): dict,
     }
 )
 

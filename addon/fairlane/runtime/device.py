@@ -33,6 +33,7 @@ from fairlane.policy import (
     StepPlan,
     StepResult,
 )
+from fairlane.policy.cost import PLAUSIBLE
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class DeviceLoop:
         self.engines = engines
         self.clock = clock
         self.records: deque[StepRecord] = deque(maxlen=history)
+        self._form_errors_said: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._sinks: dict[str, Sink] = {}
@@ -154,6 +156,7 @@ class DeviceLoop:
                 "kv_total_blocks": self.policy.kv.num_blocks,
                 "kv_block_size": self.policy.kv.block_size,
                 "cost_fit": self.policy.cost.weights(),
+                "cost_form_errors": self.policy.cost.form_errors,
             }
 
     # --- the loop thread ---------------------------------------------------------------------
@@ -173,6 +176,7 @@ class DeviceLoop:
             end = self.clock()
             with self._lock:
                 finished = self.policy.update_from_output(plan, result, end)
+                self._report_form_errors()
                 self.records.append(_record(plan, start, end, self.name))
                 for event in events:
                     sink = self._sinks.get(event.request_id)
@@ -182,6 +186,19 @@ class DeviceLoop:
                     self._sinks.pop(request.id, None)
                     self._kinds.pop(request.id, None)
                     self.engines[request.kind].release(request.id)
+
+    def _report_form_errors(self) -> None:
+        """Say once per term when the cost model's form cannot explain the measured steps."""
+        for kind, terms in self.policy.cost.form_errors.items():
+            for term, entry in terms.items():
+                if (kind, term) not in self._form_errors_said:
+                    self._form_errors_said.add((kind, term))
+                    _LOGGER.warning(
+                        "%s: the cost model cannot explain the %s steps it measures: the %s "
+                        "term's multiplier would be %.2f, outside %s (a cost the model lacks, or "
+                        "a profile of another device); refit the profile (fairlane profile fit)",
+                        self.name, kind, term, entry["proposed"], PLAUSIBLE,
+                    )
 
     def _next_plan(self) -> StepPlan | None:
         with self._wake:

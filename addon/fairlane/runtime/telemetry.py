@@ -227,6 +227,8 @@ class Telemetry:
                 "block_size": device["kv_block_size"],
             },
             "cost_fit": device["cost_fit"],
+            # Terms whose online correction was refused as implausible (a model-form error).
+            "cost_form_errors": device.get("cost_form_errors", {}),
         }
 
     def prediction_error(self, errors: dict[str, dict[str, dict[str, Any]]]) -> None:
