@@ -10,7 +10,7 @@ import yaml
 from fairlane.bench.family import family
 from fairlane.bench.family_load import Prompts
 from fairlane.bench.family_play import Played
-from fairlane.bench.family_report import ratios, summarize
+from fairlane.bench.family_report import format_prediction, ratios, summarize
 from fairlane.policy import Kind, Priority, Slo
 from fairlane.runtime.metrics import RequestRecord
 from fairlane.sim.workload import Job, load
@@ -104,3 +104,7 @@ def test_a_small_evening_against_the_real_server(tmp_path) -> None:
             assert row["finished"] >= 1
     assert report["voice_turn_ms"]["p50"] is not None
     assert report["embedded_tokens_per_s"] > 0
+    # The server's cost-model error, printed beside the SLO table.
+    (errors,) = report["prediction_error"].values()
+    assert errors["decode"]["steps"] > 0 and errors["embed"]["steps"] > 0
+    assert "decode" in format_prediction(result["reports"])

@@ -38,6 +38,9 @@ class Played:
     embedded_tokens: int = 0
     errors: list[str] = field(default_factory=list)
     timed_out: int = 0  # interactive requests still unanswered `give_up_s` after the phase
+    # A Fairlane target's cost-model error after the phase (its last 5 minutes), by device
+    # loop and step kind (`fairlane.runtime.prediction`).
+    prediction_error: dict[str, Any] = field(default_factory=dict)
 
 
 class Player:

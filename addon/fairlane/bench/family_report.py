@@ -52,7 +52,28 @@ def summarize(played: Played, slo: dict[Priority, Slo]) -> dict[str, Any]:
         "errors": len(played.errors),
         "first_errors": played.errors[:3],
         "timed_out": played.timed_out,
+        "prediction_error": played.prediction_error,
     }
+
+
+def format_prediction(reports: list[dict[str, Any]]) -> str:
+    """Beside the SLO table: how far each Fairlane server's step predictions were from its
+    steps (median / p95 of |predicted − measured| / measured, its last 5 minutes)."""
+    lines = ["cost-model error, median / p95 (the server's last 5 minutes)"]
+    for report in reports:
+        kinds = {
+            f"{step}" + (f"@{device}" if len(report["prediction_error"]) > 1 else ""): figures
+            for device, steps in report.get("prediction_error", {}).items()
+            for step, figures in steps.items()
+        }
+        if kinds:
+            cells = "  ".join(
+                f"{name} {_f(f['median'], '.0%')}/{_f(f['p95'], '.0%')}"
+                for name, f in sorted(kinds.items())
+            )
+            where = f"{report['target']:<16}{report['phase']:<12}{report['round']:>3}"
+            lines.append(f"{where}  {cells}")
+    return "\n".join(lines)
 
 
 def _f(value: float | None, spec: str = ".0f") -> str:

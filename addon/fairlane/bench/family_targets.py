@@ -75,6 +75,11 @@ class FairlaneTarget:
         body = {"input": texts, "fairlane_class": "background", "user": client}
         _post_json(f"{self.server.url}/v1/embeddings", body)
 
+    def prediction_error(self) -> dict[str, Any]:
+        """The server's cost-model error over its last 5 minutes (/v1/stats)."""
+        with urllib.request.urlopen(f"{self.server.url}/v1/stats", timeout=30) as response:
+            return dict(json.loads(response.read())["prediction_error"])
+
     def close(self) -> None:
         self.server.close()
 
