@@ -259,7 +259,7 @@ def _profile_fit(args: argparse.Namespace) -> int:
     from fairlane.profiles.fit import fit_profile
 
     text, errors = fit_profile(
-        Path(args.engine),
+        [Path(p) for p in args.engine],
         args.base,
         args.name,
         args.description,
@@ -371,7 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     fit = profile_sub.add_parser(
         "fit", help="fit a profile's terms from `fairlane bench engine --json` (and embeddings)"
     )
-    fit.add_argument("--engine", required=True, help="`fairlane bench engine --json` output")
+    fit.add_argument(
+        "--engine", required=True, nargs="+", help="`fairlane bench engine --json` runs"
+    )
     fit.add_argument("--embed", help="embedding throughput JSON (texts/s per batch size)")
     fit.add_argument("--embed-dtype", default="float16", help="which of its runs to fit")
     fit.add_argument("--base", default="cpu-2core", help="profile for the terms not measured")

@@ -9,7 +9,8 @@ profile is the non-negative least-squares fit of those terms, in relative error 
 prefill and a 2 ms decode count alike). The fit's error on the points it came from is written
 into the profile's header, and tests/policy/test_profile_fit.py holds the profile to it.
 
-`fairlane profile fit --engine bench.json [--embed embeddings.json] --base h100 --out x.yaml`
+`fairlane profile fit --engine run1.json [run2.json …] [--embed embeddings.json] --base h100
+--name NAME --description TEXT --out NAME.yaml`
 """
 
 from __future__ import annotations
@@ -130,9 +131,11 @@ def embed_errors(cost: EmbedCost, points: list[tuple[int, float]]) -> list[float
 
 
 def summary(errors: list[float]) -> dict[str, float]:
+    ordered = sorted(errors)
     return {
-        "median": round(statistics.median(errors), 3),
-        "max": round(max(errors), 3),
+        "median": round(statistics.median(ordered), 3),
+        "p95": round(ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))], 3),
+        "max": round(ordered[-1], 3),
         "points": len(errors),
     }
 
@@ -154,7 +157,7 @@ def commit() -> str:
 
 
 def fit_profile(
-    engine_json: Path,
+    engine_json: list[Path],
     base: str,
     name: str,
     description: str,
@@ -164,12 +167,13 @@ def fit_profile(
 ) -> tuple[str, dict[str, Any]]:
     """A profile's YAML (header with the command, commit and the fit's error) and the errors.
 
-    The LLM terms come from `engine_json`, the embedding terms from `embed_json` when given;
+    The LLM terms come from the `engine_json` runs together (repeats of a sweep on a noisy
+    host are fitted as one set), the embedding terms from `embed_json` when given;
     what was not measured (speech, synthesis, embeddings otherwise) is taken from the `base`
     profile and said to be so in the header.
     """
     start, device = load(base)
-    points = llm_points(json.loads(engine_json.read_text()))
+    points = [p for path in engine_json for p in llm_points(json.loads(path.read_text()))]
     llm = fit_llm(points)
     errors: dict[str, Any] = {"llm": summary(llm_errors(llm, points))}
     errors["llm_by_sweep"] = {
@@ -184,8 +188,9 @@ def fit_profile(
     header = [
         f"{name}: {description}",
         f"Fitted by `{command or 'fairlane profile fit'}` at commit {commit()}.",
-        f"LLM terms from {engine_json.name}: relative error median "
-        f"{errors['llm']['median']:.1%}, max {errors['llm']['max']:.1%} over "
+        f"LLM terms from {', '.join(p.name for p in engine_json)}: relative error median "
+        f"{errors['llm']['median']:.1%}, p95 {errors['llm']['p95']:.1%}, max "
+        f"{errors['llm']['max']:.1%} over "
         f"{errors['llm']['points']} steps ("
         + ", ".join(
             f"{what} {e['median']:.1%} / {e['max']:.1%}"
