@@ -253,15 +253,21 @@ class CostModel:
         c = self.profile.llm
         if not prefill_tokens:  # the first prompt chunk brings the prompt's fixed cost
             spare_s -= w[1] * c.prefill_base_ms / 1000.0
-        per_token_ms = (
+        # n more tokens cost linear_ms · n + square_ms · n²: each is a prompt token attending
+        # to its position, and to every cell held, the n new ones included (unified KV).
+        linear_ms = (
             w[2] * c.prefill_token_ms
             + w[4] * c.context_token_us / 1000.0
             + w[5] * c.attention_ns * (prefill_tokens + decode_seqs + held_tokens) / 1e6
         )
-        per_token_s = per_token_ms / 1000.0
-        if spare_s <= 0 or per_token_s <= 0:
+        square_ms = w[5] * c.attention_ns / 1e6
+        spare_ms = spare_s * 1000.0
+        if spare_ms <= 0 or linear_ms + square_ms <= 0:
             return 0
-        return math.floor(spare_s / per_token_s)
+        if square_ms <= 0:
+            return math.floor(spare_ms / linear_ms)
+        root = (-linear_ms + math.sqrt(linear_ms**2 + 4 * square_ms * spare_ms)) / (2 * square_ms)
+        return math.floor(root)
 
     def embed_tokens_within(self, budget_s: float) -> int:
         """The most padded tokens one embedding micro-batch can hold within `budget_s`."""
