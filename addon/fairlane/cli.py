@@ -159,7 +159,8 @@ def _bench_family(args: argparse.Namespace, threads: int) -> object:
 
     targets = [t for t in (args.targets or "fairlane,fcfs,separate").split(",") if t]
     phases = [p for p in args.phases.split(",") if p]
-    if unknown := [t for t in targets if t not in TARGETS] + [p for p in phases if p not in PHASES]:
+    known = [t for t in targets if t.partition(':')[0] in TARGETS]
+    if unknown := [t for t in targets if t not in known] + [p for p in phases if p not in PHASES]:
         raise ValueError(f"unknown target or phase {unknown}: targets {TARGETS}, phases {PHASES}")
     # The workload's SLOs as the simulator scales them for this device's profile.
     scn = scenario(args.workload or default_workload(), args.profile, duration_s=args.duration)

@@ -231,8 +231,15 @@ async def _wyoming_transcribe(port: int, audio: bytes) -> str:
 
 
 def start_target(name: str, threads: int) -> Target:
+    """A target by name; `fairlane:PROFILE` is Fairlane planning with that cost profile (a
+    shipped name or a YAML path), to compare profiles on one load."""
     if name == "separate":
         return SeparateStack(threads)
     if name == "fairlane+remote":
         return RemoteLaneTarget(threads)
+    policy, _, profile = name.partition(":")
+    if profile:
+        target = FairlaneTarget(policy, threads, {"server": {"profile": profile}})
+        target.name = name
+        return target
     return FairlaneTarget(name, threads)
