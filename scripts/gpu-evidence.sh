@@ -40,6 +40,7 @@ stamp "llama.cpp from the pinned llama-cpp-python sources (${mode})"
 tar xzf "${carry}/llama_cpp_python-0.3.36-trimmed.tar.gz" -C "${work}"
 if [[ "${mode}" == gpu ]]; then
     cmake_args="-DGGML_CUDA=on -DGGML_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF"
+    cmake_args+=" -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL"  # see engines/native.py
 else
     cmake_args="-DLLAVA_BUILD=OFF"
 fi
@@ -50,6 +51,12 @@ CMAKE_ARGS="${cmake_args}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
 echo "{\"build_s\": $(( $(date +%s) - start )), \"cmake_args\": \"${cmake_args}\"}" \
     > "${OUT}/build.json"
 cat "${OUT}/build.json"
+# The start-up crash's check: no library of the build exports a C++ runtime of its own.
+"${PYTHON}" - <<'PY' | tee "${OUT}/runtime-copies.txt"
+from fairlane.engines import native
+copies = native.runtime_copies(native.llama_cpp_lib_dir())
+print("\n".join(c.describe() for c in copies) or "no library exports a C++ runtime of its own")
+PY
 
 if [[ "${mode}" == gpu ]]; then
     shapes=(qwen2.5-0.5b llama-3.1-8b)

@@ -17,7 +17,7 @@ from fairlane.api.common import (
     Services,
 )
 from fairlane.documents.store import DocumentStore
-from fairlane.engines import models
+from fairlane.engines import models, native
 from fairlane.engines.chat_template import ChatTemplate, ChatTemplateError
 from fairlane.engines.embed import EmbedConfig as EmbedEngineConfig
 from fairlane.engines.embed import EmbeddingEngine
@@ -74,6 +74,11 @@ def build_services(cfg: config_mod.Config) -> Services:
     except OSError as err:
         raise StartupError(f"the data directory {data_dir} cannot be written: {err}") from err
     model_path = models.resolve_llm(cfg.llm.model)
+    # A GPU build that cannot load a model takes the process down with a signal: load its
+    # metadata in a child process first, and refuse the start with one line instead.
+    on_gpu = cfg.llm.gpu_layers != 0 and native.gpu_offload()
+    if on_gpu and (problem := native.probe_model_load(model_path, cfg.llm.gpu_layers)):
+        raise StartupError(problem)
     engine = LlamaEngine(
         EngineConfig(
             model_path=model_path,

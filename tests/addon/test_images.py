@@ -25,6 +25,8 @@ from packaging.requirements import Requirement
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from fairlane.engines import native
+
 ROOT = Path(__file__).resolve().parents[2]
 ADDON = ROOT / "addon"
 CUDA = (ADDON / "Dockerfile.cuda").read_text()
@@ -155,3 +157,12 @@ def test_llama_cpp_is_built_for_other_machines_than_the_builder() -> None:
     architectures = re.search(r'^ARG CUDA_ARCHITECTURES="?([\d;]+)"?', CUDA, re.M)
     assert architectures and "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES}" in flags
     assert {"80", "86", "89"} <= set(architectures.group(1).split(";"))
+
+
+def test_llama_cpp_keeps_what_it_links_statically_to_itself() -> None:
+    """The GPU start-up crash: libggml-cuda.so exported a C++ runtime taken from a static
+    archive, and libllama's stream calls bound to it. The link flag keeps it private."""
+    cmake = re.search(r'CMAKE_ARGS="([^"]+)"', CUDA)
+    assert cmake is not None and native.LINK_FIX in cmake.group(1).split()
+    evidence = (ROOT / "scripts" / "gpu-evidence.sh").read_text()
+    assert "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL" in evidence

@@ -17,9 +17,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from llama_cpp import llama_grammar
-
 from fairlane.api.common import ApiError
+from fairlane.engines.native import import_llama_cpp
+
+llama_grammar = import_llama_cpp("llama_grammar")
 
 MAX_REPEAT = 500  # the largest count a schema may ask for (length, items, properties)
 MAX_SCHEMA_BYTES = 32 * 1024

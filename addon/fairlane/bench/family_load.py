@@ -27,9 +27,9 @@ class Prompts:
     """Texts of an exact token count for the default model (its tokenizer, no weights)."""
 
     def __init__(self, seed: int = 0) -> None:
-        from llama_cpp import Llama
+        from fairlane.engines.native import import_llama_cpp
 
-        self._llama = Llama(
+        self._llama = import_llama_cpp().Llama(
             str(models.resolve_llm(models.DEFAULT_LLM)), vocab_only=True, verbose=False
         )
         self._rng = random.Random(seed)

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import llama_cpp as lc
-
+from fairlane.engines.native import import_llama_cpp
 from fairlane.engines.placement import Placement
 from fairlane.policy import LlmPlan, SeqOutput, StepResult
+
+lc = import_llama_cpp()
 
 
 class EngineError(RuntimeError):
