@@ -30,8 +30,12 @@ def _simulate(args: argparse.Namespace) -> int:
     # The server's budgets for this config (its engine's context, sequences and prefix cache);
     # the scenario scales the SLOs for a CPU profile itself.
     budgets = cfg.serving_policy("gpu")
-    scn = scenario(args.workload or default_workload(), args.profile, budgets, args.duration)
     policies = _policies(args.policy)
+    if args.capacity is not None:
+        return _capacity(args, budgets, policies)
+    scn = scenario(
+        args.workload or default_workload(), args.profile, budgets, args.duration, args.homes
+    )
     results = [
         simulate(scn, name, noise=args.noise, seed=args.seed, truth=args.truth) for name in policies
     ]
@@ -71,6 +75,34 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.plot:
         plot(results, Path(args.plot))
         print(f"plot: {args.plot}")
+    return 0
+
+
+def _capacity(args: argparse.Namespace, budgets: Any, policies: list[str]) -> int:
+    """`simulate --capacity`: how many households the profile's device serves, per policy."""
+    from fairlane.sim import default_workload, homes_served
+
+    print(
+        f"households on profile {args.profile} (simulation): every interactive row within its "
+        f"SLO for {args.capacity:.0%} of its requests; KV {budgets.kv_blocks * budgets.block_size}"
+        f" tokens, {budgets.max_num_seqs} sequences; each home's prompt prefix cached"
+    )
+    found = {}
+    for name in policies:
+        served, tried = homes_served(
+            args.workload or default_workload(), args.profile, budgets, name, args.capacity,
+            duration_s=args.duration, noise=args.noise, seed=args.seed,
+        )
+        found[name] = {"homes": served, "tried": [vars(t) for t in tried]}
+        for t in sorted(tried, key=lambda t: t.homes):
+            print(
+                f"  {name:<10} {t.homes:>4} homes: worst row {t.worst_row} "
+                f"{t.worst_attainment:.1%}, background done {t.background_done:.0%}"
+            )
+        print(f"{name}: {served} households")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"profile": args.profile, **found}, indent=2))
     return 0
 
 
@@ -139,6 +171,12 @@ def _bench(args: argparse.Namespace) -> int:
         result = busy_host(Path(args.fixtures), targets, args.rounds)
     elif args.what == "throughput":
         result = llm.throughput(args.streams, threads, args.max_tokens, args.rounds)
+    elif args.what == "host":
+        from fairlane.bench.host import host_overhead
+
+        result = host_overhead(
+            args.streams, args.duration or 20.0, threads, args.model, args.rounds, args.max_tokens
+        )
     else:
         policy = dict(_key_value(item) for item in args.set or []) or None
         result = llm.interference(
@@ -343,6 +381,16 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--remote-kinds", default="llm", help="kinds of work it takes: llm, or llm,embed"
     )
+    sim.add_argument(
+        "--homes", type=int, default=1, help="households living the workload at once on the device"
+    )
+    sim.add_argument(
+        "--capacity",
+        type=float,
+        metavar="ATTAINMENT",
+        help="instead of one run: the most households the device serves with every interactive "
+        "row within its SLO for this fraction of requests (e.g. 0.99), per policy",
+    )
     sim.add_argument("--json", help="write the report here")
     sim.add_argument("--plot", help="write a PNG of TTFT CDFs and device occupancy here")
     sim.set_defaults(func=_simulate)
@@ -398,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
             "overload",
             "soak",
             "busy-host",
+            "host",
         ],
     )
     bench.add_argument(
@@ -406,7 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--steps", type=int, default=2000, help="scheduler: steps to time")
     bench.add_argument("--threads", type=int, help="engine threads (default: cores owned)")
     bench.add_argument(
-        "--streams", type=int, nargs="+", default=[1, 4, 8], help="throughput: concurrent streams"
+        "--streams",
+        type=int,
+        nargs="+",
+        default=[1, 4, 8],
+        help="throughput, host: concurrent streams",
     )
     bench.add_argument("--max-tokens", type=int, default=64, help="throughput: tokens a stream")
     bench.add_argument("--chats", type=int, default=10, help="interference: chat turns per phase")
@@ -419,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--background", type=int, default=2, help="interference: concurrent background streams"
     )
-    bench.add_argument("--model", help="engine: a GGUF file instead of the default model")
+    bench.add_argument("--model", help="engine, host: a GGUF file instead of the default model")
     bench.add_argument(
         "--prefill-sizes",
         type=int,

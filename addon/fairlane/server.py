@@ -57,6 +57,7 @@ from fairlane.documents.store import progress
 from fairlane.policy import Kind, Priority
 from fairlane.runtime.components import storage_full
 from fairlane.runtime.device import DeviceLoop, StepRecord
+from fairlane.runtime.overhead import host_overhead
 from fairlane.runtime.prediction import prediction_error
 from fairlane.runtime.remote import RemoteError
 from fairlane.startup import StartupError, build_services, exposure_warnings
@@ -242,6 +243,7 @@ async def stats(request: web.Request) -> web.Response:
     records = svc.device.records
     body["steps"] = _step_summary(records)
     body["prediction_error"] = prediction_error(records, svc.device.clock())
+    body["host_overhead"] = host_overhead(records, svc.device.clock())
     if svc.remotes:
         body["remotes"] = {lane.name: lane.stats() for lane in svc.remotes}
     if svc.documents is not None:

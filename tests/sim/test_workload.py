@@ -115,3 +115,30 @@ def test_the_simulator_keeps_a_closed_loop_clients_requests_in_flight() -> None:
         outstanding = [r for r in chats if r.arrival <= record.arrival < (r.finished_at or 1e9)]
         assert len(outstanding) <= 2
     assert max(r.arrival for r in chats) < 20 and len(chats) > 10
+
+
+def test_households_are_separate_homes_on_one_device() -> None:
+    """N homes: each its own draw of the evening, its own members, spoken turns and cached
+    system prompt (the simulator keys prefixes by home)."""
+    from fairlane.config import Config
+    from fairlane.sim import homes_served, scenario
+    from fairlane.sim.simulator import _shared_prefixes
+    from fairlane.sim.workload import households
+
+    one, three = load(default_workload()), households(default_workload(), 3)
+    assert households(default_workload(), 1).jobs == one.jobs
+    per_home = [[j for j in three.jobs if j.household == h] for h in range(3)]
+    assert len(per_home[0]) == len(one.jobs)
+    assert per_home[1] != [replace(j, household=1) for j in per_home[0]]  # another draw
+    assert {j.client.rpartition("@")[2] for j in per_home[2]} == {"2"}
+    turns = [j.turn for j in three.jobs if j.turn >= 0 and j.kind is Kind.STT]
+    assert len(turns) == len(set(turns))  # a spoken turn is one home's
+    assert len(_shared_prefixes(three)) == 3 * len(_shared_prefixes(one))
+    assert [j.at for j in three.jobs] == sorted(j.at for j in three.jobs)
+
+    budgets = Config().serving_policy("gpu")
+    scn = scenario(default_workload(), "h200", budgets, duration_s=60, homes=2)
+    assert scn.workload.name.endswith("x2") and len(scn.workload.loops) == 2 * len(one.loops)
+    served, tried = homes_served(default_workload(), "h200", budgets, most=2, duration_s=60)
+    assert [t.homes for t in tried][:1] == [1] and 0 <= served <= 2
+    assert all(0.0 <= t.worst_attainment <= 1.0 for t in tried)

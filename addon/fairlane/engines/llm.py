@@ -422,6 +422,7 @@ class LlamaEngine:
             return StepResult(0.0, ()), []
         start = clock()
         status = lc.llama_decode(self.ctx, batch)
+        decoded = clock()
         if status != 0:
             raise EngineError(f"llama_decode failed with status {status} on {n} tokens")
         outputs: list[SeqOutput] = []
@@ -431,7 +432,7 @@ class LlamaEngine:
             event = self._emit(seq, token)
             events.append(event)
             outputs.append(SeqOutput(seq.request_id, 1, event.finish_reason is not None))
-        return StepResult(clock() - start, tuple(outputs)), events
+        return StepResult(clock() - start, tuple(outputs), decoded - start), events
 
     def _emit(self, seq: Sequence, token: int) -> TokenEvent:
         """Append a sampled token; return the text that can be sent and whether it ended."""

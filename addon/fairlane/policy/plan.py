@@ -119,6 +119,9 @@ class StepResult:
 
     elapsed_s: float
     outputs: tuple[SeqOutput, ...] = ()
+    # Of elapsed_s, the time inside the device call itself (llama_decode); the rest is the
+    # engine's host work (batch filling, sampling). None: all of it was device work.
+    device_s: float | None = None
 
 
 @dataclass(frozen=True)

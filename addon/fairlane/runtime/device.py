@@ -62,6 +62,10 @@ class StepRecord:
     decode_seqs: int
     predicted_s: float
     device: str = ""  # the loop that ran it
+    # The loop's own work for this step outside the device call: planning, the engine's batch
+    # filling and sampling, applying the outputs and handing tokens to their streams.
+    host_s: float = 0.0
+    device_s: float | None = None  # of end - start, the device call's (None: all of it)
 
 
 class DeviceLoop:
@@ -87,6 +91,8 @@ class DeviceLoop:
         self._kinds: dict[str, Kind] = {}
         self._release: list[tuple[Kind, str]] = []
         self._stopping = False
+        self._planning_s = 0.0  # the last plan's: expiring, releasing and scheduling
+        self._handoff_s = 0.0  # the last step's: its tokens handed to their streams
         self._thread = threading.Thread(target=self._run, name=f"fairlane-{name}", daemon=True)
 
     def start(self) -> None:
@@ -177,7 +183,15 @@ class DeviceLoop:
             with self._lock:
                 finished = self.policy.update_from_output(plan, result, end)
                 self._report_form_errors()
-                self.records.append(_record(plan, start, end, self.name))
+                # Host work: planning, the engine's outside its device call, applying the
+                # outputs, and the last step's hand-off of tokens (recorded before this
+                # step's hand-off, so a stream's last token never precedes its step's record).
+                device_s = result.device_s if result.device_s is not None else end - start
+                handed = self.clock()
+                host_s = self._planning_s + (end - start - device_s) + (handed - end)
+                self.records.append(
+                    _record(plan, start, end, self.name, host_s + self._handoff_s, device_s)
+                )
                 for event in events:
                     sink = self._sinks.get(event.request_id)
                     if sink is not None:
@@ -186,6 +200,7 @@ class DeviceLoop:
                     self._sinks.pop(request.id, None)
                     self._kinds.pop(request.id, None)
                     self.engines[request.kind].release(request.id)
+                self._handoff_s = self.clock() - handed
 
     def _report_form_errors(self) -> None:
         """Say once per term when the cost model's form cannot explain the measured steps."""
@@ -207,6 +222,7 @@ class DeviceLoop:
                     self.engines[kind].release(request_id)
                 self._release.clear()
                 now = self.clock()
+                self._planning_s = 0.0
                 for request in self.policy.expire(now):
                     reason = (
                         "deadline: not started before its deadline (the request's deadline_ms, "
@@ -215,6 +231,7 @@ class DeviceLoop:
                     self._end(request.id, request.kind, reason)
                 plan = self.policy.schedule(now)
                 if not isinstance(plan, IdlePlan):
+                    self._planning_s = self.clock() - now
                     return plan
                 timeout = None if plan.wake_at is None else max(0.0, plan.wake_at - now)
                 self._wake.wait(timeout)
@@ -242,7 +259,9 @@ class DeviceLoop:
                 self._end(request_id, plan.kind, f"error: {message}")
 
 
-def _record(plan: StepPlan, start: float, end: float, device: str) -> StepRecord:
+def _record(
+    plan: StepPlan, start: float, end: float, device: str, host_s: float, device_s: float
+) -> StepRecord:
     if isinstance(plan, LlmPlan):
         return StepRecord(
             start,
@@ -255,10 +274,12 @@ def _record(plan: StepPlan, start: float, end: float, device: str) -> StepRecord
             plan.decode_seqs,
             plan.predicted_s,
             device,
+            host_s,
+            device_s,
         )
     return StepRecord(
         start, end, plan.kind, plan.request_ids, (), (plan.priority,), 0, 0, plan.predicted_s,
-        device,
+        device, host_s, device_s,
     )
 
 

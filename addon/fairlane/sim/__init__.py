@@ -10,7 +10,7 @@ from fairlane.config import Config
 from fairlane.policy import CostModel, Kind, PolicyConfig, Priority, make_policy
 from fairlane.profiles import load as load_profile
 from fairlane.sim.simulator import SimResult, Simulator
-from fairlane.sim.workload import Job, Loop, Workload
+from fairlane.sim.workload import Job, Loop, Workload, households
 from fairlane.sim.workload import load as load_workload
 
 
@@ -31,9 +31,11 @@ def scenario(
     profile: str,
     config: PolicyConfig | None = None,
     duration_s: float | None = None,
+    homes: int = 1,
 ) -> Scenario:
-    """A workload on a profile, with the workload's SLOs scaled for the profile (CPU: ×8)."""
-    workload = load_workload(workload_path)
+    """A workload on a profile, with the workload's SLOs scaled for the profile (CPU: ×8);
+    `homes` households living it at once on the one device."""
+    workload = load_workload(workload_path) if homes == 1 else households(workload_path, homes)
     if duration_s is not None:
         workload = workload.cut(duration_s)
     _, device = load_profile(profile)
@@ -146,3 +148,62 @@ __all__ = [
     "simulate_with_remote",
     "split",
 ]
+
+
+@dataclass(frozen=True)
+class HomesTried:
+    homes: int
+    worst_attainment: float  # the lowest SLO attainment of any interactive row
+    worst_row: str
+    background_done: float  # the fraction of background requests finished
+
+
+def homes_served(
+    workload_path: str | Path,
+    profile: str,
+    config: PolicyConfig,
+    policy: str = "fairlane",
+    attainment: float = 0.99,
+    most: int = 256,
+    duration_s: float | None = None,
+    noise: float = 0.05,
+    seed: int = 0,
+) -> tuple[int, list[HomesTried]]:
+    """The most households one device serves with every interactive row (voice, chat,
+    automations) within its SLO for at least `attainment` of its requests.
+
+    Doubles the number of homes until a row misses, then bisects between the last that met
+    and the first that missed (attainment falls as homes are added, up to the simulation's
+    noise). Returns the answer (0: not even one) and every count tried, in the order tried."""
+    from fairlane.sim.report import summarize
+
+    tried: dict[int, HomesTried] = {}
+
+    def trial(homes: int) -> bool:
+        scn = scenario(workload_path, profile, config, duration_s, homes=homes)
+        report = summarize(simulate(scn, policy, noise=noise, seed=seed), scn.workload.slo)
+        rows = [
+            (row["slo_met"], name)
+            for name, row in report["classes"].items()
+            if Priority.parse(name.split("/")[0]) is not Priority.BACKGROUND
+            and row["slo_met"] is not None
+        ]
+        worst, name = min(rows, default=(1.0, "none"))
+        tried[homes] = HomesTried(homes, worst, name, report["background"]["done_fraction"])
+        return worst >= attainment
+
+    if not trial(1):
+        return 0, list(tried.values())
+    met, missed = 1, None
+    while missed is None and met < most:
+        if trial(min(2 * met, most)):
+            met = min(2 * met, most)
+        else:
+            missed = min(2 * met, most)
+    while missed is not None and missed - met > 1:
+        middle = (met + missed) // 2
+        if trial(middle):
+            met = middle
+        else:
+            missed = middle
+    return met, list(tried.values())

@@ -83,7 +83,7 @@ class Simulator:
         self._next_unit: dict[str, int] = {}
         # Shared prompt prefixes the engine holds: warm from the start, as in a running home
         # (and after `bench family`'s warm-up); with `warm_prefixes=False`, once one has run.
-        self._cached_prefixes: set[tuple[str, int]] = (
+        self._cached_prefixes: set[tuple[int, str, int]] = (
             _shared_prefixes(workload) if warm_prefixes else set()
         )
         self._spoken_start: dict[int, float] = {}  # a spoken turn's end of speech
@@ -177,7 +177,7 @@ class Simulator:
             if job.kind is Kind.STT and job.turn >= 0:
                 self._spoken_start[job.turn] = at
             self.records.append(record)
-            if job.prefix_tokens and (job.group, job.prefix_tokens) in self._cached_prefixes:
+            if job.prefix_tokens and _prefix_key(job) in self._cached_prefixes:
                 # The engine holds the shared prefix: only the rest of the prompt is prefilled.
                 cached = min(job.prefix_tokens, job.prompt_tokens - 1)
                 request.computed_tokens = request.cached_tokens = cached
@@ -212,7 +212,7 @@ class Simulator:
                 job, record = self._live[output.request_id]
                 record.token_times.append(end)
                 if job.prefix_tokens:  # prefilled: the engine holds the prefix from now on
-                    self._cached_prefixes.add((job.group, job.prefix_tokens))
+                    self._cached_prefixes.add(_prefix_key(job))
                 if job.sentence_tokens and len(record.token_times) % job.sentence_tokens == 0:
                     self._speak(job, end, job.sentence_tokens)
         for request in finished:
@@ -274,13 +274,18 @@ def _chain_length(job: Job) -> int:
     return length
 
 
-def _shared_prefixes(workload: Workload) -> set[tuple[str, int]]:
+def _prefix_key(job: Job) -> tuple[int, str, int]:
+    """Which cached prompt prefix a job starts with: its home's, for its group."""
+    return (job.household, job.group, job.prefix_tokens)
+
+
+def _shared_prefixes(workload: Workload) -> set[tuple[int, str, int]]:
     jobs = [*workload.jobs, *(j for loop in workload.loops for unit in loop.units for j in unit)]
     found = set()
     for job in jobs:
         chain: Job | None = job
         while chain is not None:
             if chain.prefix_tokens:
-                found.add((chain.group, chain.prefix_tokens))
+                found.add(_prefix_key(chain))
             chain = chain.then
     return found

@@ -153,6 +153,7 @@ class Job:
     sentence_tokens: int = 0
     ids_per_token: float = 0.0
     turn: int = -1  # a spoken turn's number, shared by its transcription, reply and sentences
+    household: int = 0  # which home sent it, when several share one device (`households`)
 
 
 @dataclass(frozen=True)
@@ -236,6 +237,45 @@ def load(path: str | Path) -> Workload:
     except vol.Invalid as err:
         raise ValueError(f"workload {path}: {err}") from err
     return build(data, Path(path).parent)
+
+
+def households(path: str | Path, count: int) -> Workload:
+    """`count` homes living the same kind of evening on one device: the workload drawn `count`
+    times (seeds `seed`, `seed + 1`, …), each home's members and spoken turns its own, and each
+    home's shared prompt prefix (its own Home Assistant's system prompt) its own."""
+    if count < 1:
+        raise ValueError("households: at least one")
+    try:
+        data = WORKLOAD_SCHEMA(yaml.safe_load(Path(path).read_text()))
+    except vol.Invalid as err:
+        raise ValueError(f"workload {path}: {err}") from err
+    base = Path(path).parent
+    homes = [build({**data, "seed": data["seed"] + home}, base) for home in range(count)]
+    if count == 1:
+        return homes[0]
+    turns = 1 + max((j.turn for w in homes for j in w.jobs), default=0)
+
+    def moved(job: Job, home: int) -> Job:
+        return replace(
+            job,
+            client=f"{job.client}@{home}",
+            household=home,
+            turn=job.turn + home * turns if job.turn >= 0 else job.turn,
+            then=moved(job.then, home) if job.then is not None else None,
+        )
+
+    jobs = sorted((moved(j, h) for h, w in enumerate(homes) for j in w.jobs), key=lambda j: j.at)
+    loops = tuple(
+        replace(
+            loop,
+            name=f"{loop.name}@{h}",
+            units=tuple(tuple(moved(j, h) for j in unit) for unit in loop.units),
+        )
+        for h, w in enumerate(homes)
+        for loop in w.loops
+    )
+    first = homes[0]
+    return replace(first, name=f"{first.name} x{count}", jobs=tuple(jobs), loops=loops)
 
 
 def _sizes(spec: dict[str, Any], client: str, part: str | None = None) -> dict[str, Any]:
