@@ -38,6 +38,7 @@ from fairlane.engines.llm import (
     TokenEvent,
 )
 from fairlane.policy import NO_WAIT_LIMIT, Kind, Priority, Request
+from fairlane.runtime.device import LoopSink
 
 # --- request validation ------------------------------------------------------------------------
 
@@ -228,9 +229,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         deadline_s=request_deadline(request, body),
     )
 
-    def sink(event: TokenEvent) -> None:
-        loop.call_soon_threadsafe(turn.queue.put_nowait, event)
-
+    sink = LoopSink(loop, turn.queue.put_nowait)
     admission = svc.device.submit(
         policy_request, lambda: svc.engine.add(turn.id, prompt, params), sink
     )
@@ -417,9 +416,7 @@ async def generate(
         max_wait_s=NO_WAIT_LIMIT,
     )
 
-    def sink(event: TokenEvent) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, event)
-
+    sink = LoopSink(loop, queue.put_nowait)
     admission = svc.device.submit(item, lambda: svc.engine.add(request_id, prompt, params), sink)
     if not admission.accepted:
         raise RuntimeError(f"refused: {admission.reason}")

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fairlane.engines.native import import_llama_cpp
 from fairlane.engines.placement import Placement
 from fairlane.policy import LlmPlan, SeqOutput, StepResult
@@ -73,6 +75,7 @@ class Sequence:
     # bookkeeping when it finishes).
     started_from: CachedPrefix | None = None
     interactive: bool = True  # its class, from its chunks (voice or chat; not background)
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)  # its draws
 
     @property
     def generated(self) -> int:
@@ -108,6 +111,77 @@ class EngineConfig:
 
 # A shorter common prefix is not worth a cache lookup's bookkeeping.
 MIN_PREFIX_REUSE = 16
+
+
+class Batch:
+    """llama.cpp's batch over arrays the engine owns, filled with numpy slices.
+
+    A prompt chunk of 512 tokens is five slice assignments instead of 2,560 ctypes element
+    writes; a decode of 32 sequences is five gathers. Every token belongs to one sequence, so
+    `seq_id[i]` points once and for all at `seq[i]`."""
+
+    def __init__(self, capacity: int) -> None:
+        self.token = np.zeros(capacity, np.int32)
+        self.pos = np.zeros(capacity, np.int32)
+        self.n_seq_id = np.ones(capacity, np.int32)
+        self.seq = np.zeros(capacity, np.int32)
+        self.logits = np.zeros(capacity, np.int8)
+        # One pointer per token, to its entry of `seq`.
+        self._seq_ptrs = self.seq.ctypes.data + 4 * np.arange(capacity, dtype=np.uint64)
+        self.struct = lc.llama_batch(
+            n_tokens=0,
+            token=self.token.ctypes.data_as(ctypes.POINTER(lc.llama_token)),
+            embd=None,
+            pos=self.pos.ctypes.data_as(ctypes.POINTER(lc.llama_pos)),
+            n_seq_id=self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+            seq_id=self._seq_ptrs.ctypes.data_as(
+                ctypes.POINTER(ctypes.POINTER(lc.llama_seq_id))
+            ),
+            logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
+        )
+
+
+def greedy(params: SamplingParams) -> bool:
+    """Whether the next token is simply the most likely one (argmax over the logits)."""
+    return params.temperature <= 0 and params.grammar is None
+
+
+# The draw's head: logits within this many temperatures of the largest. They carry most of
+# the weight; the rest of the vocabulary is summed in one pass and walked only when the draw
+# lands there.
+HEAD_TEMPERATURES = 8.0
+
+
+def drawn_here(params: SamplingParams) -> bool:
+    """Whether `draw` samples for these parameters (a temperature, maybe top-k); the rest (a
+    grammar, top-p) go through llama.cpp's sampler chain."""
+    return params.temperature > 0 and params.grammar is None and params.top_p >= 1.0
+
+
+def draw(row: Any, params: SamplingParams, rng: np.random.Generator) -> int:
+    """One token from a row of logits, with the distribution of llama.cpp's `top_k →
+    temperature → seeded draw`: an inverse-CDF draw over the tokens in a fixed order, head
+    first. llama.cpp's chain builds and sorts a candidate list of the whole vocabulary, ~1.8 ms
+    a sequence on this CPU; this is one exp-and-sum pass over it."""
+    if 0 < params.top_k < len(row):
+        keep = np.argpartition(row, -params.top_k)[-params.top_k :]
+        weights = np.exp((row[keep] - row[keep].max()) / params.temperature, dtype=np.float64)
+        cumulative = np.cumsum(weights)
+        index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+        return int(keep[min(index, len(keep) - 1)])
+    top = float(row.max())
+    scaled = (row - top) * np.float32(1.0 / params.temperature)
+    head = np.flatnonzero(scaled >= -HEAD_TEMPERATURES)
+    weights = np.exp(scaled, out=scaled)  # every token's weight, in place
+    target = rng.random() * float(weights.sum(dtype=np.float64))
+    head_weights = np.cumsum(weights[head], dtype=np.float64)
+    if target < head_weights[-1]:
+        index = int(np.searchsorted(head_weights, target, side="right"))
+        return int(head[min(index, len(head) - 1)])
+    weights[head] = 0.0  # the tail, in vocabulary order
+    tail = np.cumsum(weights, dtype=np.float64)
+    index = int(np.searchsorted(tail, target - head_weights[-1], side="right"))
+    return min(index, len(row) - 1)
 
 
 def default_threads() -> int:
@@ -160,8 +234,10 @@ class LlamaEngine:
             raise EngineError("llama.cpp could not create a context (out of memory?)")
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.memory = lc.llama_get_memory(self.ctx)
-        self.batch = lc.llama_batch_init(config.n_ctx, 0, 1)
+        self.batch = Batch(config.n_ctx)
         self.n_ctx = lc.llama_n_ctx(self.ctx)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        self._piece = ctypes.create_string_buffer(256)
         self.free_ids = list(range(config.n_seq_max - 1, -1, -1))
         self.cache_ids = list(range(config.n_seq_max + cache_slots - 1, config.n_seq_max - 1, -1))
         self.cache: list[CachedPrefix] = []
@@ -228,6 +304,8 @@ class LlamaEngine:
                 f"prompt of {len(prompt)} tokens exceeds the context ({self.capacity})"
             )
         seq = Sequence(request_id, list(prompt), len(prompt), params, self._sampler(params))
+        if params.seed is not None:  # the same seed, the same draws
+            seq.rng = np.random.default_rng(params.seed & 0xFFFFFFFF)
         with self._cache_lock:
             entry, reused = self._longest_prefix(prompt)
             if entry is not None:
@@ -395,7 +473,8 @@ class LlamaEngine:
                 self._drop_kv(seq)  # resumes later by recomputing its tokens
         batch = self.batch
         n = 0
-        sampling: list[tuple[Sequence, int]] = []
+        sampling: list[Sequence] = []  # in batch order, as llama.cpp keeps their logits
+        positions: list[int] = []  # where each one's last token sits in the batch
         for chunk in plan.chunks:
             seq = self.sequences[chunk.request_id]
             seq.interactive = chunk.priority.interactive
@@ -406,33 +485,61 @@ class LlamaEngine:
                 lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
             elif seq.reuse is not None and chunk.start == seq.reuse_tokens:
                 self._start_from_cache(seq)  # the first chunk after a cached prefix
-            for offset in range(chunk.num_tokens):
-                position = chunk.start + offset
-                batch.token[n] = seq.tokens[position]
-                batch.pos[n] = position
-                batch.n_seq_id[n] = 1
-                batch.seq_id[n][0] = seq.seq_id
-                batch.logits[n] = 0
-                n += 1
+            end = n + chunk.num_tokens
+            if chunk.num_tokens == 1:
+                batch.token[n] = seq.tokens[chunk.start]
+                batch.pos[n] = chunk.start
+            else:
+                batch.token[n:end] = seq.tokens[chunk.start : chunk.start + chunk.num_tokens]
+                batch.pos[n:end] = np.arange(chunk.start, chunk.start + chunk.num_tokens)
+            batch.seq[n:end] = seq.seq_id
+            batch.logits[n:end] = 0
             if chunk.samples:
-                batch.logits[n - 1] = 1
-                sampling.append((seq, n - 1))
-        batch.n_tokens = n
+                batch.logits[end - 1] = 1
+                sampling.append(seq)
+                positions.append(end - 1)
+            n = end
+        batch.struct.n_tokens = n
         if n == 0:  # only preemptions: nothing to compute
             return StepResult(0.0, ()), []
         start = clock()
-        status = lc.llama_decode(self.ctx, batch)
+        status = lc.llama_decode(self.ctx, batch.struct)
         decoded = clock()
         if status != 0:
             raise EngineError(f"llama_decode failed with status {status} on {n} tokens")
+        tokens = self._sample(sampling, positions)
         outputs: list[SeqOutput] = []
         events: list[TokenEvent] = []
-        for seq, index in sampling:
-            token = lc.llama_sampler_sample(seq.sampler, self.ctx, index)
+        for seq, token in zip(sampling, tokens, strict=True):
             event = self._emit(seq, token)
             events.append(event)
             outputs.append(SeqOutput(seq.request_id, 1, event.finish_reason is not None))
         return StepResult(clock() - start, tuple(outputs), decoded - start), events
+
+    def _sample(self, sampling: list[Sequence], positions: list[int]) -> list[int]:
+        """The next token of each sequence: its logits are the decode's outputs, in order.
+
+        Greedy sequences (temperature 0, no grammar) take the argmax of their rows in one numpy
+        call; the others go through their llama.cpp sampler chain (grammar, top-k/p,
+        temperature, seeded draw), which builds a candidate list over the whole vocabulary."""
+        logits = self._logits(len(sampling))
+        if all(greedy(seq.params) for seq in sampling):  # one argmax over the outputs
+            return logits.argmax(axis=1).tolist()  # type: ignore[no-any-return]
+        tokens = []
+        for i, (seq, position) in enumerate(zip(sampling, positions, strict=True)):
+            if greedy(seq.params):
+                tokens.append(int(logits[i].argmax()))
+            elif drawn_here(seq.params):
+                tokens.append(draw(logits[i], seq.params, seq.rng))
+            else:  # a grammar or top-p: llama.cpp's chain
+                tokens.append(lc.llama_sampler_sample(seq.sampler, self.ctx, position))
+        return tokens
+
+    def _logits(self, outputs: int) -> Any:
+        """The last decode's logits, `outputs` rows of the vocabulary, as a numpy view."""
+        address = ctypes.cast(lc.llama_get_logits(self.ctx), ctypes.c_void_p).value or 0
+        buffer = (ctypes.c_float * (outputs * self.n_vocab)).from_address(address)
+        return np.frombuffer(buffer, np.float32).reshape(outputs, self.n_vocab)
 
     def _emit(self, seq: Sequence, token: int) -> TokenEvent:
         """Append a sampled token; return the text that can be sent and whether it ended."""
@@ -441,7 +548,7 @@ class LlamaEngine:
             seq.finish_reason = "stop"
             text, seq.held = seq.held + seq.decoder.decode(b"", final=True), ""
             return TokenEvent(seq.request_id, text, "stop")
-        piece = ctypes.create_string_buffer(256)
+        piece = self._piece
         size = lc.llama_token_to_piece(self.vocab, token, piece, len(piece), 0, False)
         seq.held += seq.decoder.decode(piece.raw[: max(size, 0)])
         for stop in seq.params.stop:
@@ -464,7 +571,6 @@ class LlamaEngine:
         with self._cache_lock:
             for entry in list(self.cache):
                 self._evict(entry)
-        lc.llama_batch_free(self.batch)
         lc.llama_free(self.ctx)
         lc.llama_model_free(self.model)
 

@@ -40,6 +40,25 @@ _LOGGER = logging.getLogger(__name__)
 Sink = Callable[[Any], None]  # receives an engine's events for one request, on the loop thread
 
 
+@dataclass(frozen=True)
+class LoopSink:
+    """A sink whose events are delivered on an asyncio event loop (an HTTP stream's queue).
+
+    Called alone it posts one event; the device loop posts all of a step's events for one
+    event loop together (`DeviceLoop._hand_off`): at 32 streams, one wake-up a step, not 32."""
+
+    loop: Any  # asyncio.AbstractEventLoop
+    deliver: Callable[[Any], None]  # runs on `loop`
+
+    def __call__(self, event: Any) -> None:
+        self.loop.call_soon_threadsafe(self.deliver, event)
+
+
+def _deliver_all(items: list[tuple[Callable[[Any], None], Any]]) -> None:
+    for deliver, event in items:
+        deliver(event)
+
+
 class Engine(Protocol):
     """What the loop needs of an engine: run a planned step, forget a request."""
 
@@ -192,15 +211,25 @@ class DeviceLoop:
                 self.records.append(
                     _record(plan, start, end, self.name, host_s + self._handoff_s, device_s)
                 )
-                for event in events:
-                    sink = self._sinks.get(event.request_id)
-                    if sink is not None:
-                        sink(event)
+                self._hand_off(events)
                 for request in finished:
                     self._sinks.pop(request.id, None)
                     self._kinds.pop(request.id, None)
                     self.engines[request.kind].release(request.id)
                 self._handoff_s = self.clock() - handed
+
+    def _hand_off(self, events: list[Any]) -> None:
+        """Each event to its request's sink; the sinks that live on an asyncio event loop get
+        all of this step's events for that loop in one wake-up, not one per token."""
+        batches: dict[Any, list[tuple[Callable[[Any], None], Any]]] = {}
+        for event in events:
+            sink = self._sinks.get(event.request_id)
+            if isinstance(sink, LoopSink):
+                batches.setdefault(sink.loop, []).append((sink.deliver, event))
+            elif sink is not None:
+                sink(event)
+        for loop, items in batches.items():
+            loop.call_soon_threadsafe(_deliver_all, items)
 
     def _report_form_errors(self) -> None:
         """Say once per term when the cost model's form cannot explain the measured steps."""
