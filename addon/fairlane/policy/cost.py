@@ -4,9 +4,13 @@ Linear in the quantities that dominate each engine (Sarathi-Serve and vLLM's own
 same shape). An LLM iteration pays a fixed launch/weight-read cost; a further fixed cost when it
 carries a prompt chunk (the large-batch kernels); a cost per prefill token; a cost per decoding
 sequence (its logits, sampling and hand-off on the host); a cost per KV position each sequence
-attends to; and a cost per batch token per KV cell held by *all* sequences: llama.cpp's unified
-KV cache masks every token's attention over every cell in use, so a voice decode slows while
-background summaries hold cells.
+attends to; and a cost per KV cell held by *all* sequences, for each decoding sequence and for
+each prompt token: llama.cpp's unified KV cache masks every token's attention over every cell
+in use, so a voice decode slows while background summaries hold cells. The two are separate
+terms because they are different work: a decode reads every held cell for one query (memory
+bound), a prompt chunk reads them once for many queries (compute bound, and on a GPU far
+cheaper per query); one shared coefficient, fitted to decodes, overcharged every prompt chunk
+that ran beside held cells.
 
 A profile gives each term's value, fitted from `fairlane bench engine` sweeps
 (`fairlane profile fit`, `fairlane.profiles.fit`). The real engines feed measured step times
@@ -33,7 +37,8 @@ class LlmCost:
     decode_seq_ms: float  # per decoding sequence
     context_token_us: float = 0.0  # per KV position a sequence's chunk attends to
     prefill_base_ms: float = 0.0  # an iteration that carries a prompt chunk
-    attention_ns: float = 0.0  # per batch token per KV cell held by all sequences
+    attention_ns: float = 0.0  # per decoding sequence per KV cell held by all sequences
+    prefill_attention_ns: float = 0.0  # per prompt token per KV cell held by all sequences
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,15 @@ class OnlineFit:
 PLAUSIBLE = (0.2, 5.0)
 MIN_VAR = 1e-12
 TERMS: dict[Kind, tuple[str, ...]] = {
-    Kind.LLM: ("base", "prefill_base", "prefill_token", "decode_seq", "context_token", "attention"),
+    Kind.LLM: (
+        "base",
+        "prefill_base",
+        "prefill_token",
+        "decode_seq",
+        "context_token",
+        "attention",
+        "prefill_attention",
+    ),
     Kind.EMBED: ("base", "token"),
     Kind.STT: ("base", "utterance", "audio_s"),
     Kind.TTS: ("base", "phoneme"),
@@ -173,7 +186,8 @@ class CostModel:
             c.prefill_token_ms * prefill,
             c.decode_seq_ms * decodes,
             c.context_token_us * context / 1000.0,
-            c.attention_ns * (prefill + decodes) * held / 1e6,
+            c.attention_ns * decodes * held / 1e6,
+            c.prefill_attention_ns * prefill * held / 1e6,
         )
 
     def _embed_terms(self, padded_tokens: int) -> tuple[float, ...]:
@@ -254,13 +268,15 @@ class CostModel:
         if not prefill_tokens:  # the first prompt chunk brings the prompt's fixed cost
             spare_s -= w[1] * c.prefill_base_ms / 1000.0
         # n more tokens cost linear_ms · n + square_ms · n²: each is a prompt token attending
-        # to its position, and to every cell held, the n new ones included (unified KV).
+        # to its position and to every cell held, the n new ones included (unified KV), and a
+        # cell more for every decoding sequence (and every prompt token already planned).
         linear_ms = (
             w[2] * c.prefill_token_ms
             + w[4] * c.context_token_us / 1000.0
-            + w[5] * c.attention_ns * (prefill_tokens + decode_seqs + held_tokens) / 1e6
+            + w[5] * c.attention_ns * decode_seqs / 1e6
+            + w[6] * c.prefill_attention_ns * (prefill_tokens + held_tokens) / 1e6
         )
-        square_ms = w[5] * c.attention_ns / 1e6
+        square_ms = w[6] * c.prefill_attention_ns / 1e6
         spare_ms = spare_s * 1000.0
         if spare_ms <= 0 or linear_ms + square_ms <= 0:
             return 0

@@ -25,6 +25,7 @@ PROFILE_SCHEMA = vol.Schema(
             vol.Optional("context_token_us", default=0.0): _NUMBER,
             vol.Optional("prefill_base_ms", default=0.0): _NUMBER,
             vol.Optional("attention_ns", default=0.0): _NUMBER,
+            vol.Optional("prefill_attention_ns", default=0.0): _NUMBER,
         },
         vol.Required("embed"): {
             vol.Required("base_ms"): _NUMBER,

@@ -73,7 +73,7 @@ def _row(point: Point) -> list[float]:
     unit = CostModel(
         CostProfile(
             "unit",
-            LlmCost(1.0, 1.0, 1.0, 1.0, 1.0, 1.0),
+            LlmCost(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0),
             EmbedCost(1.0, 1.0),
             load("cpu-2core")[0].stt,
         )
@@ -86,7 +86,9 @@ def fit_llm(points: list[Point]) -> LlmCost:
     rows = np.array([_row(p) for p in points])
     measured = np.array([p.ms for p in points])
     weights, _ = nnls(rows / measured[:, None], np.ones(len(points)))
-    base, prefill_base, prefill_token, decode_seq, context_us, attention_ns = weights
+    base, prefill_base, prefill_token, decode_seq, context_us, attention_ns, prefill_attention = (
+        weights
+    )
     return LlmCost(
         base_ms=_sig(base),
         prefill_token_ms=_sig(prefill_token),
@@ -94,6 +96,7 @@ def fit_llm(points: list[Point]) -> LlmCost:
         context_token_us=_sig(context_us),
         prefill_base_ms=_sig(prefill_base),
         attention_ns=_sig(attention_ns),
+        prefill_attention_ns=_sig(prefill_attention),
     )
 
 
