@@ -305,6 +305,8 @@ def _profile_fit(args: argparse.Namespace) -> int:
         Path(args.embed) if args.embed else None,
         args.embed_dtype,
         command="fairlane " + shlex.join(sys.argv[1:]),
+        without=tuple(args.without or ()),
+        notes=tuple(args.note or ()),
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
@@ -429,6 +431,10 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--name", required=True)
     fit.add_argument("--description", required=True)
     fit.add_argument("--out", required=True, help="the profile YAML to write")
+    fit.add_argument(
+        "--without", nargs="+", metavar="TERM", help="LLM terms the data cannot identify: kept at 0"
+    )
+    fit.add_argument("--note", action="append", help="a line for the profile's header")
     fit.set_defaults(func=_profile_fit)
 
     bench = sub.add_parser("bench", help="benchmarks (printed figures)")

@@ -26,7 +26,8 @@ import numpy as np
 import yaml
 from scipy.optimize import nnls
 
-from fairlane.policy import CostModel, CostProfile, EmbedCost, EmbedPlan, LlmCost
+from fairlane.policy import CostModel, CostProfile, EmbedCost, EmbedPlan, Kind, LlmCost
+from fairlane.policy.cost import TERMS
 from fairlane.profiles import load
 
 # How `fairlane bench engine` lays out its steps (bench/llm.py): a decode sequence is measured
@@ -81,11 +82,18 @@ def _row(point: Point) -> list[float]:
     return list(unit._llm_terms(point.prefill, point.decodes, point.context, point.held))
 
 
-def fit_llm(points: list[Point]) -> LlmCost:
-    """The non-negative LLM terms that fit `points` best in relative error."""
-    rows = np.array([_row(p) for p in points])
+def fit_llm(points: list[Point], without: tuple[str, ...] = ()) -> LlmCost:
+    """The non-negative LLM terms that fit `points` best in relative error; the terms named in
+    `without` (of `TERMS[Kind.LLM]`) stay 0, for data that cannot tell them apart."""
+    names = TERMS[Kind.LLM]
+    if unknown := [name for name in without if name not in names]:
+        raise ValueError(f"unknown LLM terms {unknown}; the terms are {', '.join(names)}")
+    keep = [i for i, name in enumerate(names) if name not in without]
+    rows = np.array([_row(p) for p in points])[:, keep]
     measured = np.array([p.ms for p in points])
-    weights, _ = nnls(rows / measured[:, None], np.ones(len(points)))
+    fitted, _ = nnls(rows / measured[:, None], np.ones(len(points)))
+    weights = np.zeros(len(names))
+    weights[keep] = fitted
     base, prefill_base, prefill_token, decode_seq, context_us, attention_ns, prefill_attention = (
         weights
     )
@@ -167,6 +175,8 @@ def fit_profile(
     embed_json: Path | None = None,
     embed_dtype: str = "float16",
     command: str = "",
+    without: tuple[str, ...] = (),
+    notes: tuple[str, ...] = (),
 ) -> tuple[str, dict[str, Any]]:
     """A profile's YAML (header with the command, commit and the fit's error) and the errors.
 
@@ -177,7 +187,7 @@ def fit_profile(
     """
     start, device = load(base)
     points = [p for path in engine_json for p in llm_points(json.loads(path.read_text()))]
-    llm = fit_llm(points)
+    llm = fit_llm(points, without)
     errors: dict[str, Any] = {"llm": summary(llm_errors(llm, points))}
     errors["llm_by_sweep"] = {
         what: summary(llm_errors(llm, [p for p in points if p.what == what]))
@@ -209,6 +219,9 @@ def fit_profile(
     else:
         header.append(f"Embedding terms: not measured here, from the {base} profile.")
     header.append(f"Speech and synthesis terms: not measured here, from the {base} profile.")
+    if without:
+        header.append(f"Not fitted (kept at 0): {', '.join(without)}.")
+    header += notes
     data = {
         "name": name,
         "description": description,
