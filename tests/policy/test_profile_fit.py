@@ -25,7 +25,10 @@ CPU_RUNS = sorted((PROFILES / "data" / "cpu-2core-2026-12-04").glob("*.json"))
 def test_the_h200_profile_is_the_fit_of_its_data() -> None:
     profile, device = load("h200")
     points = llm_points(json.loads((DATA / "engine-llama-3.1-8b.json").read_text()))
-    assert device == "gpu" and fit_llm(points) == profile.llm
+    # Its prefill sweep cannot tell a prompt token's attention over held cells (see its header).
+    assert device == "gpu" and fit_llm(points, ("prefill_attention",)) == profile.llm
+    with pytest.raises(ValueError, match="unknown LLM terms"):
+        fit_llm(points, ("attention_over_everything",))
 
 
 def test_the_h200_profile_predicts_its_measurements_within_its_stated_error() -> None:
@@ -49,8 +52,9 @@ def test_the_cpu_profile_is_the_fit_of_this_machines_sweeps_within_its_stated_er
     errors = llm_errors(profile.llm, points)
     assert max(errors) <= stated["max"] + 1e-3 and percentile(errors, 50) <= stated["median"] + 1e-3
     assert percentile(errors, 50) <= 0.15 and percentile(errors, 95) <= 0.40  # the goal
-    # Cells held by other sequences cost each token's attention: a fitted, not assumed, term.
-    assert profile.llm.attention_ns > 0
+    # Cells held by other sequences cost a decode's attention and a prompt token's, each its
+    # own fitted (not assumed) term.
+    assert profile.llm.attention_ns > 0 and profile.llm.prefill_attention_ns > 0
 
 
 def test_the_form_predicts_the_small_model_too() -> None:
@@ -64,12 +68,22 @@ def test_the_form_predicts_the_small_model_too() -> None:
 def test_a_decode_beside_held_cells_costs_more() -> None:
     """Unified KV: every token's attention is masked over every cell in use, so one voice
     decode slows while background sequences hold cells."""
-    cost = CostModel(load("h200")[0])
+    cost = CostModel(load("cpu-2core")[0])
     alone = cost.llm_s(0, 1, 100, 100)
     beside = cost.llm_s(0, 1, 100, 100 + 4 * 4000)
     assert beside > alone * 1.01
     plan = LlmPlan((), (), 0.0, 100, held_tokens=16_100)
     assert cost.plan_s(plan) == pytest.approx(cost.llm_s(0, 0, 100, 16_100))
+
+
+def test_a_prompt_chunk_pays_its_own_attention_over_held_cells_not_a_decodes() -> None:
+    """A decode reads every held cell for one query, a prompt chunk reads them once for many:
+    the terms differ, and a chunk beside held cells is charged the prompt token's rate."""
+    profile = load("cpu-2core")[0]
+    cost = CostModel(profile)
+    extra = cost.llm_s(256, 0, 256, 256 + 8000) - cost.llm_s(256, 0, 256, 256)
+    assert extra == pytest.approx(profile.llm.prefill_attention_ns * 256 * 8000 / 1e9)
+    assert profile.llm.prefill_attention_ns < profile.llm.attention_ns
 
 
 def test_an_implausible_correction_is_reported_not_clamped() -> None:
