@@ -26,7 +26,7 @@ done
 tar czf "${carry}/llama_cpp_python-0.3.36-trimmed.tar.gz" -C "${work}" llama_cpp_python-0.3.36
 
 .venv/bin/python scripts/random-gguf.py --export-tokenizer "${carry}/tokenizer.json.gz" \
-    --from "$(.venv/bin/python -c 'from fairlane import models; print(models.resolve_llm(models.DEFAULT_LLM))')"
+    --from "$(.venv/bin/python -c 'from fairlane.engines import models; print(models.resolve_llm(models.DEFAULT_LLM))')"
 
 # Pure-Python wheels for the machine's Python 3.12: building llama-cpp-python without
 # network (scikit-build-core and its needs), and what Fairlane's engine and bench import.

@@ -58,25 +58,47 @@ copies = native.runtime_copies(native.llama_cpp_lib_dir())
 print("\n".join(c.describe() for c in copies) or "no library exports a C++ runtime of its own")
 PY
 
+# The 8B shape only (the 0.5B one was measured on 2026-12-04), now with decodes beside held KV
+# cells (--occupancy), the term the first run could not fit.
 if [[ "${mode}" == gpu ]]; then
-    shapes=(qwen2.5-0.5b llama-3.1-8b)
+    shape=llama-3.1-8b
     layers=999
     sizes=(--prefill-sizes 64 128 256 512 1024 2048 --decode-sizes 1 2 4 8 16 32 64
-           --context-sizes 256 1024 4096 8192)
+           --context-sizes 256 1024 4096 8192 --occupancy 2x1024 4x2048 8x2048 8x4096)
+    e2e=(--chats 8 --background 6 --rounds 2 --profile h200)
+    host=(--streams 8 32 --rounds 1 --duration 15)
 else
-    shapes=(tiny)
+    shape=tiny
     layers=0
-    sizes=(--prefill-sizes 64 256 --decode-sizes 1 2 --context-sizes 256)
+    sizes=(--prefill-sizes 64 256 --decode-sizes 1 2 --context-sizes 256 --occupancy 2x256)
+    e2e=(--chats 3 --background 2 --rounds 1)
+    host=(--streams 8 --rounds 1 --duration 5)
 fi
-for shape in "${shapes[@]}"; do
-    stamp "random-weight model: ${shape}"
-    "${PYTHON}" scripts/random-gguf.py --shape "${shape}" --tokenizer "${carry}/tokenizer.json.gz" \
-        "${work}/${shape}.gguf"
-    stamp "engine step costs: ${shape}"
-    "${PYTHON}" -m fairlane bench engine --model "${work}/${shape}.gguf" --gpu-layers "${layers}" \
-        "${sizes[@]}" --json "${OUT}/engine-${shape}.json"
-    rm -f "${work}/${shape}.gguf"
-done
+model="${work}/${shape}.gguf"
+stamp "random-weight model: ${shape}"
+"${PYTHON}" scripts/random-gguf.py --shape "${shape}" --tokenizer "${carry}/tokenizer.json.gz" \
+    "${model}"
+stamp "engine step costs: ${shape}"
+"${PYTHON}" -m fairlane bench engine --model "${model}" --gpu-layers "${layers}" \
+    "${sizes[@]}" --json "${OUT}/engine-${shape}.json"
+
+# The server end to end: chat turns under a flood of unique background prompts, fairlane then
+# fcfs, rounds alternating; each round's /v1/stats (the cost model's error, host time per
+# step) in the JSON; the GPU's utilisation sampled beside it.
+util=""
+if [[ "${mode}" == gpu ]] && command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader \
+        -lms 500 > "${OUT}/gpu-utilisation.csv" 2>/dev/null &
+    util=$!
+fi
+stamp "end to end: chat under a background flood (${shape})"
+"${PYTHON}" -m fairlane bench interference --model "${model}" --gpu-layers "${layers}" \
+    "${e2e[@]}" --json "${OUT}/e2e-interference.json"
+stamp "host time per step (${shape})"
+"${PYTHON}" -m fairlane bench host --model "${model}" --gpu-layers "${layers}" \
+    "${host[@]}" --max-tokens 64 --json "${OUT}/host.json"
+[[ -n "${util}" ]] && kill "${util}"
+rm -f "${model}"
 
 stamp "embeddings: the default embedder's shape (MiniLM-L6), random weights, texts/s by batch"
 "${PYTHON}" - "${mode}" "${OUT}/embeddings.json" <<'PY'

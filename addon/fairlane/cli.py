@@ -175,12 +175,21 @@ def _bench(args: argparse.Namespace) -> int:
         from fairlane.bench.host import host_overhead
 
         result = host_overhead(
-            args.streams, args.duration or 20.0, threads, args.model, args.rounds, args.max_tokens
+            args.streams, args.duration or 20.0, threads, args.model, args.rounds, args.max_tokens,
+            args.gpu_layers,
         )
     else:
         policy = dict(_key_value(item) for item in args.set or []) or None
+        # Another model (a GPU run): only the LLM runs, with room for the background streams.
+        engine = (
+            {"model": args.model, "gpu_layers": args.gpu_layers, "n_ctx": 16384,
+             "n_seq_max": max(8, 2 * args.background)}
+            if args.model
+            else None
+        )
         result = llm.interference(
-            ["fairlane", "fcfs"], threads, args.chats, args.background, policy, args.rounds
+            ["fairlane", "fcfs"], threads, args.chats, args.background, policy, args.rounds,
+            engine, args.profile,
         )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -478,7 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--background", type=int, default=2, help="interference: concurrent background streams"
     )
-    bench.add_argument("--model", help="engine, host: a GGUF file instead of the default model")
+    bench.add_argument(
+        "--model", help="engine, host, interference: a GGUF file instead of the default model"
+    )
     bench.add_argument(
         "--prefill-sizes",
         type=int,
@@ -511,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-layers",
         type=int,
         default=0,
-        help="engine: layers of the model offloaded to the GPU (999: all)",
+        help="engine, interference, host: layers of the model offloaded to the GPU (999: all)",
     )
     bench.add_argument(
         "--set",
@@ -536,7 +547,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--phases", default="interactive,background,mixed", help="family: phases, comma-separated"
     )
-    bench.add_argument("--profile", default="cpu-2core", help="family: the profile for the SLOs")
+    bench.add_argument(
+        "--profile",
+        default="cpu-2core",
+        help="family: the profile for the SLOs; interference: the servers' cost profile",
+    )
     bench.add_argument(
         "--duration",
         type=float,

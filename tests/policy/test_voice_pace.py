@@ -3,8 +3,10 @@ moments between the requests of one spoken turn."""
 
 from __future__ import annotations
 
-from fairlane.policy import EmbedPlan, LlmPlan, SttPlan
-from tests.policy.helpers import BACKGROUND, CHAT, VOICE, embed, llm, make, step, stt
+from dataclasses import replace
+
+from fairlane.policy import CostModel, EmbedPlan, LlmPlan, PolicyConfig, SttPlan, make_policy
+from tests.policy.helpers import BACKGROUND, CHAT, PROFILE, VOICE, embed, llm, make, step, stt
 
 
 def _decoding(policy, rid, priority, now=0.0):  # type: ignore[no-untyped-def]
@@ -67,3 +69,29 @@ def test_background_steps_stay_short_between_the_requests_of_a_spoken_turn() -> 
     later = now + policy.config.turn_gap_s + 1.0  # nobody followed up: long steps again
     plan, _, _ = step(policy, later)
     assert plan.predicted_s > policy.config.slice_s
+
+
+def test_a_chat_prompt_beside_a_spoken_reply_is_not_chopped_below_its_fixed_cost() -> None:
+    """A device whose prompt chunk has a fixed cost above a paced voice decode (the H200's
+    fitted profile: ~10 ms against ~6 ms): the chat prompt's chunk is large enough that its
+    tokens cost at least that fixed cost (before: 16 tokens a step, most of it fixed cost), and
+    the spoken reply's next token still comes within its ITL target."""
+    profile = replace(PROFILE, llm=replace(PROFILE.llm, prefill_base_ms=20.0))
+    policy = make_policy("fairlane", PolicyConfig(), CostModel(profile))
+    now = _decoding(policy, "voice", VOICE)
+    policy.add(llm("chat", CHAT, prompt=3000, max_tokens=5), now)
+    plan, _, now = step(policy, now)
+    assert isinstance(plan, LlmPlan) and "voice" in plan.request_ids
+    [chat] = [c for c in plan.chunks if c.request_id == "chat"]
+    assert chat.num_tokens * profile.llm.prefill_token_ms >= profile.llm.prefill_base_ms - 1e-9
+    budget = policy.config.itl_budget_s(VOICE)
+    assert budget is not None and plan.predicted_s <= budget
+    # Once the chunk's fixed cost is paid, nothing more is widened: the next step is paced again
+    # unless it carries a chunk of its own.
+    paced = policy.config.voice_pace * policy.cost.llm_s(
+        0, 1, policy.requests["voice"].computed_tokens
+    )
+    plan, _, now = step(policy, now)
+    assert isinstance(plan, LlmPlan)
+    if not any(c.request_id == "chat" and not c.decode for c in plan.chunks):
+        assert plan.predicted_s <= paced + 1e-9

@@ -38,10 +38,10 @@ def _stats(url: str) -> dict[str, Any]:
 
 
 def one_run(
-    streams: int, seconds: float, threads: int, model: str | None, tokens: int
+    streams: int, seconds: float, threads: int, model: str | None, tokens: int, gpu_layers: int = 0
 ) -> dict[str, Any]:
     """One server, `streams` clients for `seconds`: the host figures at that batch size."""
-    llm: dict[str, Any] = {"n_ctx": max(8192, streams * (tokens + 128))}
+    llm: dict[str, Any] = {"n_ctx": max(8192, streams * (tokens + 128)), "gpu_layers": gpu_layers}
     if model:
         llm["model"] = model
     off = {"enabled": False}
@@ -90,12 +90,16 @@ def host_overhead(
     model: str | None,
     rounds: int = 2,
     tokens: int = 64,
+    gpu_layers: int = 0,
 ) -> list[dict[str, Any]]:
     """Every stream count once a round (rounds repeated, not the best kept); prints a table."""
     rows = []
     for round_index in range(1, rounds + 1):
         for count in streams:
-            row = {"round": round_index, **one_run(count, seconds, threads, model, tokens)}
+            row = {
+                "round": round_index,
+                **one_run(count, seconds, threads, model, tokens, gpu_layers),
+            }
             rows.append(row)
             print(
                 f"  round {round_index}, {count} streams: host {row['host_ms_p50']} ms p50 a step "

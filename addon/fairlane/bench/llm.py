@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -329,7 +331,8 @@ def _background_load(url: str, stop: threading.Event, done: list[StreamTiming]) 
 def _interference_round(
     policy: str, threads: int, chats: int, background_streams: int, extra: dict[str, Any] | None
 ) -> dict[str, Any]:
-    with fairlane_server(policy, threads, 8, extra) as server:
+    seqs = int((extra or {}).get("llm", {}).get("n_seq_max", 8))
+    with fairlane_server(policy, threads, seqs, extra) as server:
         chat = {"fairlane_class": "chat", "user": "parent"}
         stream_chat(server.url, _unique(SHORT_CHAT), 4, chat)  # warm-up
         idle = [stream_chat(server.url, _unique(SHORT_CHAT), 8, chat) for _ in range(chats)]
@@ -356,6 +359,8 @@ def _interference_round(
         stop.set()
         for loader in loaders:
             loader.join()
+        with urllib.request.urlopen(f"{server.url}/v1/stats", timeout=30) as response:
+            stats = json.loads(response.read())
     idle_p95 = percentile([t.ttft for t in idle if t.ttft is not None], 95)
     loaded_p95 = percentile([t.ttft for t in loaded if t.ttft is not None], 95)
     return {
@@ -369,6 +374,9 @@ def _interference_round(
         # while nobody talked.
         "background_per_min": round(60 * in_phase / loaded_s, 1),
         "background_alone_per_min": round(60 * quiet_done / quiet_s, 1),
+        # The server's own view of the round: its cost model's error and its host time.
+        "prediction_error": stats.get("prediction_error"),
+        "host_overhead": stats.get("host_overhead"),
     }
 
 
@@ -379,17 +387,27 @@ def interference(
     background_streams: int,
     policy_config: dict[str, Any] | None = None,
     rounds: int = 2,
+    llm: dict[str, Any] | None = None,
+    profile: str | None = None,
 ) -> list[dict[str, Any]]:
     """Chat TTFT when background long prompts saturate the device, against the idle TTFT.
 
     Every prompt is unique (a nonce first), so the prefix cache cannot make the load vanish;
     the policies' rounds alternate (A B A B) and every round is reported, with the spread.
+    `llm` replaces the LLM's settings (another model, layers on a GPU): then only the LLM runs,
+    as on a GPU machine that has no speech or embedding engines; `profile` is the cost profile
+    the servers plan with.
     """
     rows: list[dict[str, Any]] = []
-    extra = {"policy": policy_config} if policy_config else None
+    extra: dict[str, Any] = {"policy": policy_config} if policy_config else {}
+    if llm:
+        off = {"enabled": False}
+        extra.update({"llm": llm, "stt": off, "tts": off, "embed": off})
+    if profile:
+        extra["server"] = {"profile": profile}
     for round_index in range(rounds):
         for policy in policies:
-            row = _interference_round(policy, threads, chats, background_streams, extra)
+            row = _interference_round(policy, threads, chats, background_streams, extra or None)
             rows.append({"round": round_index + 1, **row})
             print(
                 f"  round {round_index + 1} {policy}: idle p95 {_ms(row['idle_ttft_p95_s'])} ms, "

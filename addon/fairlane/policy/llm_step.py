@@ -35,7 +35,8 @@ class LlmIteration(Lanes):
             return batch.plan(preempted)
         self._schedule_interactive_decodes(batch, preempted)
         itl_limits = self._itl_limits(batch, now)
-        self._schedule_interactive_prefills(batch, preempted, itl_limits, now)
+        promised = self._itl_limits(batch, now, paced=False)
+        self._schedule_interactive_prefills(batch, preempted, itl_limits, promised, now)
         # Background rides along only in an iteration that carries no interactive prompt (its
         # TTFT is running) and only while the iteration still delivers every interactive token
         # when it is due; with no interactive work, the lane's budget bounds it.
@@ -48,9 +49,12 @@ class LlmIteration(Lanes):
             return None
         return batch.plan(preempted)
 
-    def _itl_limits(self, batch: IterationBuilder, now: float) -> dict[Priority, float | None]:
+    def _itl_limits(
+        self, batch: IterationBuilder, now: float, paced: bool = True
+    ) -> dict[Priority, float | None]:
         """For each class, how long this iteration may run and still deliver, on time, the next
-        token of every decode of that class or a more urgent one (rule 4).
+        token of every decode of that class or a more urgent one (rule 4); `paced`: a spoken
+        reply's at its pace, else at its class's ITL target.
 
         The time is counted from each stream's last token, not from now: time already spent
         since then (an embedding step in the slack) is not spent twice.
@@ -58,7 +62,9 @@ class LlmIteration(Lanes):
         remaining: dict[Priority, float] = {}
         for chunk in batch.chunks:
             request = self.requests[chunk.request_id]
-            budget = self._itl_budget(request)
+            budget = (
+                self._itl_budget(request) if paced else self.config.itl_budget_s(request.priority)
+            )
             if not chunk.decode or budget is None or request.last_token_at is None:
                 continue
             left = request.last_token_at + budget - now
@@ -71,6 +77,31 @@ class LlmIteration(Lanes):
                 tightest = left if tightest is None else min(tightest, left)
             limits[priority] = tightest
         return limits
+
+    def _prompt_limit(
+        self,
+        batch: IterationBuilder,
+        paced: dict[Priority, float | None],
+        promised: dict[Priority, float | None],
+        priority: Priority,
+    ) -> float:
+        """How long an iteration that carries a prompt chunk of `priority` may run.
+
+        Within the arrival wait and every stream's paced ITL limit (a spoken reply keeps its
+        pace). But a chunk squeezed below its own fixed cost crawls: on the H200 a prompt chunk
+        costs ~10 ms before its first token while a paced voice decode allows ~6 ms, so a chat
+        prompt beside a spoken reply went 16 tokens a step. Then the iteration may grow until
+        the chunk's tokens cost as much as its fixed cost, as long as every stream's ITL target
+        (not its pace) still holds: the spoken reply's next token comes a few ms later once.
+        """
+        wait_s = self.config.arrival_wait_s
+        limit = tighter(paced[priority], wait_s)
+        if batch.prefill:
+            return limit  # the chunk's fixed cost is paid: more tokens are only token cost
+        worth = batch.predicted_s() + 2 * self.cost.prompt_fixed_s()
+        if limit < worth:
+            limit = min(worth, tighter(promised[priority], wait_s))
+        return limit
 
     def _by_urgency(self, interactive: bool) -> list[Request]:
         return sorted(
@@ -93,6 +124,7 @@ class LlmIteration(Lanes):
         batch: IterationBuilder,
         preempted: list[str],
         itl_limits: dict[Priority, float | None],
+        promised: dict[Priority, float | None],
         now: float,
     ) -> None:
         """Rule 4 for interactive prompts: half-done ones first, then new ones by class and VTC.
@@ -100,14 +132,13 @@ class LlmIteration(Lanes):
         An interactive prompt is chunked too, to `arrival_wait_s`: a voice command that arrives
         during a chat prompt's prefill waits for one chunk, not the whole prompt.
         """
-        wait_s = self.config.arrival_wait_s
         for request in self._by_urgency(interactive=True):
             if request.status is Status.RUNNING and not request.is_decode:
-                limit = tighter(itl_limits[request.priority], wait_s)
+                limit = self._prompt_limit(batch, itl_limits, promised, request.priority)
                 self._add_prefill(request, batch, preempted, limit)
         for priority in INTERACTIVE:
             queue = self.waiting[Kind.LLM, priority]
-            limit = tighter(itl_limits[priority], wait_s)
+            limit = self._prompt_limit(batch, itl_limits, promised, priority)
             while (waiting := queue.peek()) is not None and waiting.id not in preempted:
                 if not self._add_prefill(waiting, batch, preempted, limit, now):
                     break
