@@ -240,4 +240,13 @@ async def test_bench_spoken_turns(hass: HomeAssistant, entry: MockConfigEntry,
         ratio = conditions["loaded"]["first_audio"] / conditions["idle"]["first_audio"]
         print(f"{label}: first audio loaded/idle = {ratio:.2f} (goal ≤ 1.3)")
     print(json.dumps(summary))
+    # Where the time went, as the server saw it (its last 5 minutes: every turn above).
+    async with aiohttp.ClientSession() as session, session.get(
+        f"{base}/v1/stats", headers={"Authorization": f"Bearer {fairlane_server.token}"}
+    ) as response:
+        turns = (await response.json())["spoken_turns"]
+    print(f"\nthe server's stages, ms (p50 / p95), over {turns['turns']} turns "
+          f"({turns['with_tool']} with a tool):")
+    for stage, figures in turns["stages_ms"].items():
+        print(f"  {stage:19} {figures['p50']} / {figures['p95']}  ({figures['count']} turns)")
     assert not any(r["error"] for rows in results.values() for r in rows)

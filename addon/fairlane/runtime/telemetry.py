@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from fairlane.policy import Kind, PolicyConfig, Priority
 from fairlane.runtime.metrics import RequestRecord, percentile
+from fairlane.runtime.turns import breakdown
 
 _LATENCY_BUCKETS = (
     0.01,
@@ -226,6 +227,8 @@ class Telemetry:
                 "total_blocks": total,
                 "block_size": device["kv_block_size"],
             },
+            # Where spoken turns' time goes: transcript, agent, model calls, tool, first audio.
+            "spoken_turns": breakdown(records, self.config.turn_gap_s),
             "cost_fit": device["cost_fit"],
             # Terms whose online correction was refused as implausible (a model-form error).
             "cost_form_errors": device.get("cost_form_errors", {}),
