@@ -15,7 +15,7 @@ from homeassistant.helpers import entity_registry as er
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
 from custom_components.fairlane.entity import stable_first
-from custom_components.fairlane.tts import sentences
+from custom_components.fairlane.tts import first_piece, sentences
 from tests_ha.conftest import add_kitchen_light, add_wyoming, spoken, voice_metadata, voice_pipeline
 
 TTS_ENTITY = "tts.fairlane_text_to_speech"
@@ -27,6 +27,20 @@ def test_streamed_text_is_cut_into_complete_sentences() -> None:
         ["Hi there.", "It is 3.5 degrees!"], "And"
     )
     assert sentences("no end yet") == ([], "no end yet")
+
+
+def test_the_first_clause_is_spoken_before_its_sentence_ends() -> None:
+    """A small model's reply is often one long sentence: its first clause goes at once."""
+    assert first_piece("I have turned on the kitchen lights, and the hall") == (
+        "I have turned on the kitchen lights,", "and the hall"
+    )
+    assert first_piece("Sure, I have") == (None, "Sure, I have")  # too short a clause
+    assert first_piece("It is 3.5 degrees and") == (None, "It is 3.5 degrees and")
+    long = "one two three four five six seven eight nine ten eleven twelve thirteen"
+    assert first_piece(long) == (
+        "one two three four five six seven eight nine ten eleven twelve", "thirteen"
+    )
+    assert first_piece("The lights are on. More") == ("The lights are on.", "More")
 
 
 async def _text(reply: str) -> AsyncGenerator[str]:

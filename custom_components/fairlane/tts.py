@@ -1,9 +1,9 @@
 """Text-to-speech: the agent's reply spoken by the server's voice, in the voice lane.
 
 Home Assistant's pipeline streams the agent's text into `async_stream_tts_audio` as the LLM
-writes it. Each sentence is sent to the server as soon as it is complete (at most two at a
-time), and its audio is streamed on as soon as it comes back: the first sentence is heard
-while the agent is still writing the rest.
+writes it. The reply's first clause, then each sentence, is sent to the server as soon as it
+is complete (at most two at a time), and its audio is streamed on as soon as it comes back:
+the first words are heard while the agent is still writing the rest.
 """
 
 from __future__ import annotations
@@ -33,6 +33,14 @@ PARALLEL_UPDATES = 0
 # A sentence ends at . ! ? ; : followed by white space, or at a line break.
 SENTENCE_END = re.compile(r"[.!?;:][\"')\]]*\s|\n")
 IN_FLIGHT = 2  # sentences requested ahead of the one being played
+# The reply's first piece need not wait for its sentence's end: it is sent at the first clause
+# boundary (a comma, semicolon, colon or dash before white space, or a sentence end) once it
+# has FIRST_PIECE_MIN_WORDS words, or at a word boundary once it has FIRST_PIECE_MAX_WORDS
+# without one. A small model's reply is often one long sentence, and the person hears nothing
+# until it is written.
+CLAUSE_END = re.compile(r"[,;:.!?\u2014][\"')\]]*\s|\n")
+FIRST_PIECE_MIN_WORDS = 4
+FIRST_PIECE_MAX_WORDS = 12
 
 
 async def async_setup_entry(
@@ -58,6 +66,18 @@ def sentences(text: str) -> tuple[list[str], str]:
             done.append(sentence)
         start = match.end()
     return done, text[start:]
+
+
+def first_piece(text: str) -> tuple[str | None, str]:
+    """The reply's first piece to speak, if `text` holds one yet, and the rest."""
+    for match in CLAUSE_END.finditer(text):
+        if len(text[: match.end()].split()) >= FIRST_PIECE_MIN_WORDS:
+            return text[: match.end()].strip(), text[match.end() :]
+    words = list(re.finditer(r"\S+\s", text))
+    if len(words) >= FIRST_PIECE_MAX_WORDS:
+        cut = words[FIRST_PIECE_MAX_WORDS - 1].end()
+        return text[:cut].strip(), text[cut:]
+    return None, text
 
 
 def pcm_of(wav_bytes: bytes) -> tuple[bytes, int]:
@@ -120,9 +140,18 @@ class FairlaneTextToSpeech(tts.TextToSpeechEntity, FairlaneSubentryEntity):
 
         async def produce() -> None:
             try:
-                rest = ""
+                rest, started = "", False
                 async for chunk in request.message_gen:
-                    done, rest = sentences(rest + chunk)
+                    rest += chunk
+                    done: list[str] = []
+                    if not started:
+                        piece, rest = first_piece(rest)
+                        if piece:
+                            done.append(piece)
+                            started = True
+                    if started:
+                        more, rest = sentences(rest)
+                        done += more
                     for sentence in done:
                         await slots.acquire()
                         order.put_nowait(asyncio.create_task(request_sentence(sentence)))
