@@ -312,10 +312,14 @@ def test_a_non_streaming_client_that_goes_away_stops_its_generation(server) -> N
     [request_id] = set(device.policy.kv.held) - held_before
     time.sleep(0.5)  # a few tokens in
     connection.close()  # the client goes away before the reply
+    # The handler counts the cancel on the event loop's thread while the device thread frees
+    # the sequence: wait for all three, not for the first to show.
     deadline = time.monotonic() + 30
-    while (request_id in device.policy.kv.held or request_id in engine.sequences) and (
-        time.monotonic() < deadline
-    ):
+    while (
+        request_id in device.policy.kv.held
+        or request_id in engine.sequences
+        or cancelled._value.get() == cancelled_before
+    ) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert request_id not in device.policy.kv.held and request_id not in engine.sequences
     assert cancelled._value.get() == cancelled_before + 1  # counted as cancelled, not served
