@@ -57,7 +57,8 @@ def test_which_parameters_leave_llama_cpp_s_chain() -> None:
     assert greedy(SamplingParams(temperature=0)) and not drawn_here(SamplingParams(temperature=0))
     assert drawn_here(SamplingParams(temperature=0.7, top_k=40))
     assert not drawn_here(SamplingParams(temperature=0.7, top_p=0.9))  # top-p: llama.cpp's
-    assert not greedy(SamplingParams(temperature=0, grammar='root ::= "a"'))
+    # A grammar is applied apart from the choice: greedy stays the argmax of what it allows.
+    assert greedy(SamplingParams(temperature=0, grammar='root ::= "a"'))
 
 
 @pytest.fixture(scope="module")

@@ -207,6 +207,37 @@ def test_cancel_endpoint_stops_a_running_completion(server) -> None:
     assert http(server, "POST", "/v1/chat/completions/nope/cancel")[0] == 404
 
 
+COLOUR = {"type": "function", "function": {
+    "name": "set_colour", "description": "Set the lamp's colour",
+    "parameters": {"type": "object", "properties": {
+        "colour": {"type": "string", "enum": ["crimson-7", "teal-3"]}}, "required": ["colour"]}}}
+
+
+def test_a_tool_call_keeps_to_its_schema_and_tool_choice_is_honoured(server) -> None:
+    """The default model, free, calls set_colour with "blue-7"; under the tools' grammar its
+    arguments are in the schema. A named tool_choice makes a greeting a call of that tool."""
+    tools = [COLOUR, {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {}}}}]
+    ask = [{"role": "user", "content": "Set the lamp to a blue colour"}]
+    reply = client(server).chat.completions.create(model="x", messages=ask, tools=[COLOUR],
+                                                   temperature=0, max_tokens=60)
+    [call] = reply.choices[0].message.tool_calls
+    assert call.function.name == "set_colour"
+    assert json.loads(call.function.arguments) == {"colour": "teal-3"}
+
+    hello = [{"role": "user", "content": "Hello, how are you today?"}]
+    named = client(server).chat.completions.create(
+        model="x", messages=hello, tools=tools, temperature=0, max_tokens=60,
+        tool_choice={"type": "function", "function": {"name": "set_colour"}})
+    [call] = named.choices[0].message.tool_calls
+    assert call.function.name == "set_colour"
+    assert json.loads(call.function.arguments)["colour"] in ("crimson-7", "teal-3")
+    status, body = http(server, "POST", "/v1/chat/completions", {
+        "messages": hello, "tools": tools,
+        "tool_choice": {"type": "function", "function": {"name": "open_door"}}})
+    assert status == 400 and "open_door" in body["error"]["message"]
+
+
 def test_json_schema_response_format_constrains_the_output(server: BackgroundServer) -> None:
     schema = {"type": "object", "properties": {"city": {"type": "string"},
                                                "population": {"type": "integer"}},
@@ -248,6 +279,7 @@ def test_json_schema_response_format_constrains_the_output(server: BackgroundSer
         ({"messages": QUESTION, "fairlane_class": "urgent"}, 400, "fairlane_class"),
         ({"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "may hold"),
         ({"messages": QUESTION, "response_format": {"type": "xml"}}, 400, "response_format"),
+        ({"messages": QUESTION, "tool_choice": "sometimes"}, 400, "tool_choice"),
         ({"messages": QUESTION, "response_format": {"type": "json_schema"}}, 400,
          "response_format"),
     ],

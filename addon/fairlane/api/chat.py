@@ -32,6 +32,7 @@ from fairlane.api.message_parts import read_parts
 from fairlane.api.openapi import WHOLE, operation
 from fairlane.api.remote import lane_for, remote_chat, remote_generate
 from fairlane.api.response_format import output_grammar
+from fairlane.api.tool_calls import tool_call_grammar
 from fairlane.engines.chat_template import ChatTemplateError, may_be_tool_call, parse_tool_calls
 from fairlane.engines.llm import (
     SamplingParams,
@@ -104,7 +105,23 @@ CHAT_REQUEST = vol.Schema(
             ],
             None,
         ),
-        vol.Optional("tool_choice"): vol.Any(str, dict, None),
+        vol.Optional(
+            "tool_choice",
+            description="auto (the default), none, required, or {type: function, function: "
+            "{name}}; with a Qwen-format model a tool call is sampled under a grammar of the "
+            "tools' names and argument schemas (required or a name: from the first token)",
+        ): vol.Any(
+            vol.In(["auto", "none", "required"]),
+            vol.Schema(
+                {
+                    vol.Required("type"): "function",
+                    vol.Required("function"): vol.Schema(
+                        {vol.Required("name"): str}, extra=vol.ALLOW_EXTRA
+                    ),
+                }
+            ),
+            None,
+        ),
         vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
         vol.Optional("priority", description=PRIORITY_FIELD): vol.Any(None, WHOLE, str),
         vol.Optional("deadline_ms", description=DEADLINE_FIELD): vol.Any(None, vol.Coerce(float)),
@@ -207,6 +224,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         )
     max_tokens = min(max_tokens, limit - len(prompt))
     stop = body.get("stop")
+    grammar = output_grammar(body.get("response_format"), svc.engine.grammar_parses)
+    triggers: tuple[str, ...] = ()
+    if tools and grammar is None and (
+        template.tagged_tool_calls or body.get("tool_choice") not in (None, "auto")
+    ):
+        grammar, triggers = tool_call_grammar(
+            tools, body.get("tool_choice"), svc.engine.grammar_parses
+        )
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=0.7 if body.get("temperature") is None else body["temperature"],
@@ -214,7 +239,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         top_k=body.get("top_k") or 0,
         seed=body.get("seed"),
         stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
-        grammar=output_grammar(body.get("response_format"), svc.engine.grammar_parses),
+        grammar=grammar,
+        grammar_triggers=triggers,
     )
     turn = _Turn(f"chatcmpl-{uuid.uuid4().hex}", asyncio.Queue(), len(prompt))
     loop = asyncio.get_running_loop()

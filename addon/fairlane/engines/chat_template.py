@@ -34,6 +34,8 @@ class ChatTemplate:
             value, ensure_ascii=False, indent=indent
         )
         self.template = env.from_string(source)
+        # Qwen's (Hermes') format: the template tells the model to write calls in these tags.
+        self.tagged_tool_calls = "<tool_call>" in source
         self.bos_token = bos_token
         self.eos_token = eos_token
 

@@ -10,9 +10,11 @@ bound in one place, so what the engine does per step reads in one file.
 
 from __future__ import annotations
 
+import bisect
 import codecs
 import ctypes
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +44,10 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     grammar: str | None = None  # GBNF the output must match (JSON mode), rule `root`
+    # With triggers the grammar is lazy: the reply is free until its text matches one of these
+    # regular expressions (searched in the UTF-8 text so far); from the token where the match
+    # starts on, it must follow the grammar (a tool call after a free start).
+    grammar_triggers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,8 @@ class Sequence:
     tokens: list[int]
     prompt_len: int
     params: SamplingParams
-    sampler: Any  # llama_sampler_p
+    sampler: Any  # llama_sampler_p: its chain (top-k/p, temperature, draw)
+    grammar: Grammar | None = None  # its output grammar, apart from the chain
     seq_id: int | None = None
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
@@ -142,8 +149,8 @@ class Batch:
 
 
 def greedy(params: SamplingParams) -> bool:
-    """Whether the next token is simply the most likely one (argmax over the logits)."""
-    return params.temperature <= 0 and params.grammar is None
+    """Whether the next token is the most likely one the grammar (if any) allows."""
+    return params.temperature <= 0
 
 
 # The draw's head: logits within this many temperatures of the largest. They carry most of
@@ -153,9 +160,9 @@ HEAD_TEMPERATURES = 8.0
 
 
 def drawn_here(params: SamplingParams) -> bool:
-    """Whether `draw` samples for these parameters (a temperature, maybe top-k); the rest (a
-    grammar, top-p) go through llama.cpp's sampler chain."""
-    return params.temperature > 0 and params.grammar is None and params.top_p >= 1.0
+    """Whether `draw` samples for these parameters (a temperature, maybe top-k); the rest
+    (top-p) go through llama.cpp's sampler chain."""
+    return params.temperature > 0 and params.top_p >= 1.0
 
 
 def draw(row: Any, params: SamplingParams, rng: np.random.Generator) -> int:
@@ -182,6 +189,84 @@ def draw(row: Any, params: SamplingParams, rng: np.random.Generator) -> int:
     tail = np.cumsum(weights, dtype=np.float64)
     index = int(np.searchsorted(tail, target - head_weights[-1], side="right"))
     return min(index, len(row) - 1)
+
+
+class Grammar:
+    """A sequence's output grammar (llama.cpp's sampler, without its lazy mode).
+
+    Lazy grammars wait here, not in llama.cpp: llama.cpp feeds a trigger's text to the grammar
+    and aborts the process when the grammar refuses it. Here the tokens since the match's start
+    are offered one by one, each checked before it is accepted; if one is refused the grammar
+    is dropped and the reply stays free."""
+
+    def __init__(self, sampler: Any, triggers: tuple[str, ...]) -> None:
+        self.sampler = sampler
+        self.triggers = tuple(re.compile(t.encode()) for t in triggers)
+        self.armed = not triggers
+        self.text = bytearray()  # the reply so far, while waiting
+        self.starts: list[int] = []  # where each of its tokens starts in `text`
+        self.tokens: list[int] = []
+
+    def trigger(self, token: int, piece: bytes, candidates: Candidates) -> bool:
+        """Note a free token; arm the grammar if a trigger now matches. False: it matched, but
+        the grammar refused the text from the match on."""
+        self.starts.append(len(self.text))
+        self.tokens.append(token)
+        self.text += piece
+        for pattern in self.triggers:
+            if (match := pattern.search(self.text)) is None:
+                continue
+            first = bisect.bisect_right(self.starts, match.start()) - 1
+            for replayed in self.tokens[first:]:
+                if not candidates.allows(self.sampler, replayed):
+                    return False
+                lc.llama_sampler_accept(self.sampler, replayed)
+            self.armed = True
+            self.text.clear()
+            return True
+        return True
+
+    def close(self) -> None:
+        lc.llama_sampler_free(self.sampler)
+
+
+class Candidates:
+    """llama.cpp's candidate arrays for a grammar: one token, or the whole vocabulary."""
+
+    DTYPE = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+    def __init__(self, n_vocab: int) -> None:
+        self.one = np.zeros(1, self.DTYPE)
+        self.all = np.zeros(n_vocab, self.DTYPE)
+        self.all["id"] = np.arange(n_vocab, dtype=np.int32)
+        self._one = self._array(self.one)
+        self._all = self._array(self.all)
+
+    @staticmethod
+    def _array(data: Any) -> Any:
+        return lc.llama_token_data_array(
+            data=data.ctypes.data_as(lc.llama_token_data_p),
+            size=len(data),
+            selected=-1,
+            sorted=False,
+        )
+
+    def allows(self, grammar: Any, token: int) -> bool:
+        """Whether the grammar, in its present state, allows `token` next."""
+        self.one[0] = (token, 0.0, 0.0)
+        self._one.size, self._one.selected, self._one.sorted = 1, -1, False
+        lc.llama_sampler_apply(grammar, ctypes.byref(self._one))
+        return bool(np.isfinite(self.one["logit"][0]))
+
+    def mask(self, grammar: Any, row: Any) -> bool:
+        """Set the logits of every token the grammar forbids to -inf in `row`; whether any
+        token is left."""
+        self.all["logit"] = row
+        self.all["p"] = 0.0
+        self._all.size, self._all.selected, self._all.sorted = len(self.all), -1, False
+        lc.llama_sampler_apply(grammar, ctypes.byref(self._all))
+        row[:] = self.all["logit"]
+        return bool(np.isfinite(row).any())
 
 
 def default_threads() -> int:
@@ -238,6 +323,7 @@ class LlamaEngine:
         self.n_ctx = lc.llama_n_ctx(self.ctx)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         self._piece = ctypes.create_string_buffer(256)
+        self._candidates = Candidates(self.n_vocab)
         self.free_ids = list(range(config.n_seq_max - 1, -1, -1))
         self.cache_ids = list(range(config.n_seq_max + cache_slots - 1, config.n_seq_max - 1, -1))
         self.cache: list[CachedPrefix] = []
@@ -304,6 +390,12 @@ class LlamaEngine:
                 f"prompt of {len(prompt)} tokens exceeds the context ({self.capacity})"
             )
         seq = Sequence(request_id, list(prompt), len(prompt), params, self._sampler(params))
+        if params.grammar is not None:
+            sampler = lc.llama_sampler_init_grammar(self.vocab, params.grammar.encode(), b"root")
+            if not sampler:
+                lc.llama_sampler_free(seq.sampler)
+                raise EngineError("the output grammar does not parse")
+            seq.grammar = Grammar(sampler, params.grammar_triggers)
         if params.seed is not None:  # the same seed, the same draws
             seq.rng = np.random.default_rng(params.seed & 0xFFFFFFFF)
         with self._cache_lock:
@@ -327,6 +419,8 @@ class LlamaEngine:
             self._keep_prefix(seq)
         self._drop_kv(seq)
         lc.llama_sampler_free(seq.sampler)
+        if seq.grammar is not None:
+            seq.grammar.close()
 
     def _drop_kv(self, seq: Sequence) -> None:
         if seq.seq_id is not None:
@@ -442,13 +536,6 @@ class LlamaEngine:
 
     def _sampler(self, params: SamplingParams) -> Any:
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
-        if params.grammar is not None:
-            # First in the chain: tokens the grammar forbids never reach the other samplers.
-            grammar = lc.llama_sampler_init_grammar(self.vocab, params.grammar.encode(), b"root")
-            if not grammar:
-                lc.llama_sampler_free(chain)
-                raise EngineError("the output grammar does not parse")
-            lc.llama_sampler_chain_add(chain, grammar)
         if params.temperature <= 0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
             return chain
@@ -519,21 +606,52 @@ class LlamaEngine:
     def _sample(self, sampling: list[Sequence], positions: list[int]) -> list[int]:
         """The next token of each sequence: its logits are the decode's outputs, in order.
 
-        Greedy sequences (temperature 0, no grammar) take the argmax of their rows in one numpy
-        call; the others go through their llama.cpp sampler chain (grammar, top-k/p,
-        temperature, seeded draw), which builds a candidate list over the whole vocabulary."""
+        Greedy sequences take the argmax of their rows (one numpy call when all are greedy and
+        free); a temperature is one `draw`; top-p goes through the llama.cpp sampler chain.
+        A sequence with a grammar first chooses as if free, and only when the grammar refuses
+        that token are the forbidden tokens masked and the choice made again, as llama.cpp's
+        own server does: checking one token is cheap, masking all 151,936 is not (~20 ms a
+        step on this CPU)."""
         logits = self._logits(len(sampling))
-        if all(greedy(seq.params) for seq in sampling):  # one argmax over the outputs
+        if all(greedy(seq.params) and seq.grammar is None for seq in sampling):
             return logits.argmax(axis=1).tolist()  # type: ignore[no-any-return]
         tokens = []
         for i, (seq, position) in enumerate(zip(sampling, positions, strict=True)):
-            if greedy(seq.params):
-                tokens.append(int(logits[i].argmax()))
-            elif drawn_here(seq.params):
-                tokens.append(draw(logits[i], seq.params, seq.rng))
-            else:  # a grammar or top-p: llama.cpp's chain
-                tokens.append(lc.llama_sampler_sample(seq.sampler, self.ctx, position))
+            row = logits[i]
+            token = self._choose(seq, row, position)
+            if seq.grammar is not None:
+                token = self._constrain(seq, seq.grammar, token, row, position)
+            tokens.append(token)
         return tokens
+
+    def _constrain(
+        self, seq: Sequence, grammar: Grammar, token: int, row: Any, position: int
+    ) -> int:
+        """The token the grammar allows in place of `token` (itself when it is allowed)."""
+        if not grammar.armed:  # a lazy grammar: free text until a trigger matches
+            if not grammar.trigger(token, self._token_bytes(token), self._candidates):
+                seq.grammar = None  # what the trigger caught does not parse: it stays free
+                grammar.close()
+            return token
+        if not self._candidates.allows(grammar.sampler, token):
+            if not self._candidates.mask(grammar.sampler, row):  # in place, in the logits
+                return int(lc.llama_vocab_eos(self.vocab))  # nothing is allowed: the end
+            token = self._choose(seq, row, position)
+        # Never a token the grammar refuses: llama.cpp aborts the process on one.
+        lc.llama_sampler_accept(grammar.sampler, token)
+        return token
+
+    def _token_bytes(self, token: int) -> bytes:
+        size = lc.llama_token_to_piece(self.vocab, token, self._piece, len(self._piece), 0, False)
+        return self._piece.raw[: max(size, 0)]
+
+    def _choose(self, seq: Sequence, row: Any, position: int) -> int:
+        if greedy(seq.params):
+            return int(row.argmax())
+        if drawn_here(seq.params):
+            return draw(row, seq.params, seq.rng)
+        # top-p: llama.cpp's chain reads this row of the context's logits (masked or not)
+        return int(lc.llama_sampler_sample(seq.sampler, self.ctx, position))
 
     def _logits(self, outputs: int) -> Any:
         """The last decode's logits, `outputs` rows of the vocabulary, as a numpy view."""

@@ -1,0 +1,110 @@
+"""Tool calls sampled under a grammar: a name among the tools offered, arguments in the tool's
+JSON schema.
+
+A small model left free wanders: it names a tool that was not offered, drops a required
+argument, or writes a value its enum does not hold, and the turn fails or asks again. So when
+the model's chat template writes tool calls in Qwen's (Hermes') tags, a chat request with tools
+samples under a lazy grammar: the reply is free until it starts a tool call, in any of the
+shapes `parse_tool_calls` reads (the tag anywhere; a fenced or bare JSON object at the start),
+and from there it must be a call of an offered tool with schema-valid arguments.
+`tool_choice: "required"` or a named function applies the grammar from the first token.
+
+The grammar is best effort, as OpenAI's non-strict tools are: a tool whose schema is over a
+bound or that llama.cpp's converter cannot take gets free JSON object arguments, and a grammar
+that cannot be built leaves the reply free (logged). Only a `tool_choice` naming a tool that
+was not offered is the client's error (400).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from fairlane.api.common import ApiError
+from fairlane.api.response_format import MAX_GRAMMAR_BYTES, check_schema, llama_grammar
+
+_LOGGER = logging.getLogger(__name__)
+
+# Where a tool call starts: Qwen's tag anywhere; at the start of the reply, a fenced or bare
+# JSON object whose first key is "name" (regular expressions over the reply's UTF-8 text; see
+# SamplingParams). Other JSON stays free: after a tool's result the small model may echo it.
+TRIGGERS = (
+    r"<tool_call>",
+    r'\A[ \t\n]*```(?:json|tool_call)?[ \t]*\n?[ \t\n]*\{[ \t\n]*"name"',
+    r'\A[ \t\n]*\{[ \t\n]*"name"',
+)
+
+# The shapes around one call (rule `call`, a JSON object {"name": …, "arguments": …}).
+SHAPES = r"""
+root ::= ws (tagged (ws tagged)* | fenced | call)
+tagged ::= "<tool_call>" ws call ws "</tool_call>"
+fenced ::= "```" ("json" | "tool_call")? [ \t]* "\n"? ws call ws "```"
+ws ::= [ \t\n]{0,8}
+"""
+# JSON's whitespace as llama.cpp's newer converter writes it: a call may be pretty-printed, as
+# the small models write it when free (the converter here allows one space only).
+SPACE = 'space ::= | " " | "\\n" [ \\t]{0,20}'
+ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
+
+
+def tool_call_grammar(
+    tools: list[dict[str, Any]], tool_choice: Any, parses: Callable[[str], bool]
+) -> tuple[str | None, tuple[str, ...]]:
+    """The grammar (rule `root`) and its triggers for a request's tools; (None, ()) when the
+    reply stays free. No triggers: the grammar applies from the first token."""
+    forced = tool_choice == "required" or isinstance(tool_choice, dict)
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+        tools = [t for t in tools if t["function"]["name"] == name]
+        if not tools:
+            raise ApiError(
+                400, f"tool_choice names {name!r}, which is not among the tools",
+                param="tool_choice",
+            )
+    alternatives = [_alternative(tool["function"]) for tool in tools]
+    try:
+        call = str(llama_grammar.json_schema_to_gbnf(json.dumps({"anyOf": alternatives})))
+    except (ValueError, KeyError, TypeError, RecursionError, AssertionError, IndexError) as err:
+        _LOGGER.warning("Tool calls are sampled free: their grammar failed: %s", err)
+        return None, ()
+    call = re.sub(r"^root ::=", "call ::=", call, flags=re.MULTILINE)
+    call = re.sub(r"^space ::=.*$", lambda _: SPACE, call, flags=re.MULTILINE)
+    grammar = call + SHAPES
+    if len(grammar) > MAX_GRAMMAR_BYTES or not parses(grammar):
+        _LOGGER.warning(
+            "Tool calls are sampled free: their grammar (%d bytes) is over %d or does not parse",
+            len(grammar), MAX_GRAMMAR_BYTES,
+        )
+        return None, ()
+    return grammar, () if forced else TRIGGERS
+
+
+def _alternative(function: dict[str, Any]) -> dict[str, Any]:
+    """One tool's call as a JSON schema: its name, then its arguments."""
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"const": function["name"]},
+            "arguments": _arguments(function),
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def _arguments(function: dict[str, Any]) -> dict[str, Any]:
+    """The tool's parameter schema, or any JSON object when it cannot be a grammar."""
+    schema = function.get("parameters")
+    if not isinstance(schema, dict) or not schema:
+        return ANY_ARGUMENTS
+    try:
+        check_schema(schema)
+        llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+    except (ApiError, ValueError, KeyError, TypeError, RecursionError, AssertionError,
+            IndexError) as err:
+        _LOGGER.info("Tool %s takes free arguments: %s", function["name"], err)
+        return ANY_ARGUMENTS
+    return schema

@@ -1,0 +1,154 @@
+"""Output grammars in the engine, on the default chat model: a tool call under its tools'
+grammar, lazy until the reply starts one; a trigger the grammar refuses leaves the reply free
+(llama.cpp's own lazy mode aborts the process there); the masked choice is the best allowed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fairlane.api.tool_calls import TRIGGERS, tool_call_grammar
+from fairlane.engines import models
+from fairlane.engines.chat_template import ChatTemplate, parse_tool_calls
+from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams
+from fairlane.policy import Chunk, LlmPlan, Priority
+
+COLOUR = {"type": "function", "function": {
+    "name": "set_colour", "description": "Set the lamp's colour",
+    "parameters": {"type": "object", "properties": {
+        "colour": {"type": "string", "enum": ["crimson-7", "teal-3"]}}, "required": ["colour"]}}}
+TURN_ON = {"type": "function", "function": {
+    "name": "HassTurnOn", "description": "Turns on a device",
+    "parameters": {"type": "object", "properties": {"name": {"type": "string"}}}}}
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LlamaEngine]:
+    engine = LlamaEngine(EngineConfig(models.resolve_llm(models.DEFAULT_LLM), n_ctx=2048,
+                                      n_seq_max=2, n_batch=512))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def template(engine: LlamaEngine) -> ChatTemplate:
+    return ChatTemplate(engine.metadata("tokenizer.chat_template"), engine.bos_text,
+                        engine.eos_text)
+
+
+def _reply(engine: LlamaEngine, template: ChatTemplate, text: str | list[dict[str, Any]],
+           tools: list[Any], **params: Any) -> str:
+    """The whole greedy reply to a user's text (or to these messages)."""
+    messages = [{"role": "user", "content": text}] if isinstance(text, str) else text
+    prompt = engine.tokenize(template.render(messages, tools))
+    engine.add("r", prompt, SamplingParams(max_tokens=60, temperature=0, **params))
+    try:
+        _, events = engine.execute(
+            LlmPlan((Chunk("r", 0, len(prompt), True, False, Priority.CHAT),), (), 0.0, 0))
+        out = [e.text for e in events]
+        while not events[-1].finish_reason:
+            seq = engine.sequences["r"]
+            _, events = engine.execute(LlmPlan(
+                (Chunk("r", len(seq.tokens) - 1, 1, True, True, Priority.CHAT),), (), 0.0, 0))
+            out += [e.text for e in events]
+        return "".join(out)
+    finally:
+        engine.release("r")
+
+
+def test_the_default_template_writes_tagged_calls(template: ChatTemplate) -> None:
+    assert template.tagged_tool_calls
+
+
+def test_a_tool_call_keeps_to_the_tool_s_schema(engine, template) -> None:
+    """Free, the small model invents a colour ("blue-7"); under the grammar it must pick one
+    the schema lists. The rest of the call is what it wrote free."""
+    tools = [COLOUR]
+    grammar, triggers = tool_call_grammar(tools, None, engine.grammar_parses)
+    assert grammar is not None and triggers == TRIGGERS
+    ask = "Set the lamp to a blue colour"
+    free = parse_tool_calls(_reply(engine, template, ask, tools), tools)
+    constrained = parse_tool_calls(
+        _reply(engine, template, ask, tools, grammar=grammar, grammar_triggers=triggers), tools)
+    assert free and constrained
+    assert json.loads(free[0]["function"]["arguments"])["colour"] not in ("crimson-7", "teal-3")
+    assert json.loads(constrained[0]["function"]["arguments"]) == {"colour": "teal-3"}
+
+
+def test_a_lazy_grammar_leaves_a_plain_reply_alone(engine, template) -> None:
+    tools = [TURN_ON, COLOUR]
+    grammar, triggers = tool_call_grammar(tools, None, engine.grammar_parses)
+    ask = "Hello, how are you today?"
+    free = _reply(engine, template, ask, tools)
+    assert not parse_tool_calls(free, tools)
+    assert _reply(engine, template, ask, tools, grammar=grammar,
+                  grammar_triggers=triggers) == free
+
+
+def test_a_named_tool_choice_is_called_from_the_first_token(engine, template) -> None:
+    tools = [TURN_ON, COLOUR]
+    grammar, triggers = tool_call_grammar(
+        tools, {"type": "function", "function": {"name": "set_colour"}}, engine.grammar_parses)
+    assert grammar is not None and triggers == ()
+    ask = "Hello, how are you today?"
+    calls = parse_tool_calls(_reply(engine, template, ask, tools, grammar=grammar), tools)
+    assert calls and calls[0]["function"]["name"] == "set_colour"
+    assert json.loads(calls[0]["function"]["arguments"])["colour"] in ("crimson-7", "teal-3")
+
+
+def test_a_trigger_the_grammar_refuses_leaves_the_reply_free(engine, template) -> None:
+    """The model opens its call with "```json" and "{\\n"; this grammar takes only "{}". The
+    tokens since the trigger are offered to the grammar one by one, the first is refused, and
+    the reply goes on free: the same text as without a grammar, and the process lives."""
+    tools = [TURN_ON]
+    ask = "Turn on the kitchen light"
+    free = _reply(engine, template, ask, tools)
+    assert free.startswith("```json\n{\n")
+    refusing = _reply(engine, template, ask, tools, grammar='root ::= "{}"',
+                      grammar_triggers=(r"\{",))
+    assert refusing == free
+
+
+def test_a_refused_choice_is_replaced_by_the_best_allowed_token(engine, template) -> None:
+    """Under `root ::= "Hello" | "Goodbye"` the model's free first token (its argmax) is
+    refused; the engine masks what the grammar forbids and takes the argmax of the rest,
+    which the logits themselves say."""
+    ask = [{"role": "user", "content": "Say bonjour in French."}]
+    prompt = engine.tokenize(template.render(ask))
+    engine.add("m", prompt, SamplingParams(max_tokens=4, temperature=0,
+                                           grammar='root ::= "Hello" | "Goodbye"'))
+    try:
+        engine.execute(LlmPlan((Chunk("m", 0, len(prompt) - 1, False, False, Priority.CHAT),),
+                               (), 0.0, 0))
+        engine.execute(LlmPlan((Chunk("m", len(prompt) - 1, 1, True, False, Priority.CHAT),),
+                               (), 0.0, 0))
+        row = engine._logits(1)[0]  # masked in place: only the grammar's first tokens are left
+        allowed = np.flatnonzero(np.isfinite(row))
+        assert 0 < len(allowed) < 10
+        texts = {engine.token_text(int(t)) for t in allowed}
+        assert all("Hello".startswith(t) or "Goodbye".startswith(t) for t in texts)
+        assert engine.sequences["m"].tokens[-1] == int(allowed[np.argmax(row[allowed])])
+    finally:
+        engine.release("m")
+
+
+def test_json_that_does_not_start_a_call_stays_free(engine, template) -> None:
+    """After a tool's result the small model echoes it as JSON; that is its answer, not a call
+    to force into a tool's shape (which Home Assistant would run again)."""
+    tools = [TURN_ON]
+    messages = [
+        {"role": "user", "content": "Turn on the kitchen lights."},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+         "function": {"name": "HassTurnOn", "arguments": '{"name": "kitchen"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"success": true}'},
+    ]
+    grammar, triggers = tool_call_grammar(tools, None, engine.grammar_parses)
+    replies = [_reply(engine, template, messages, tools),
+               _reply(engine, template, messages, tools, grammar=grammar,
+                      grammar_triggers=triggers)]
+    assert replies[0].lstrip().startswith("{") and not parse_tool_calls(replies[0], tools)
+    assert replies[1] == replies[0]
