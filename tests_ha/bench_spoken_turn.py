@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -49,7 +50,7 @@ from tests_ha.conftest import (
     voice_pipeline,
 )
 
-ROUNDS = 3
+ROUNDS = int(os.environ.get("FAIRLANE_ROUNDS", "3"))
 TURNS = {"command": "command-00.wav", "question": "command-03.wav"}
 CHUNK = 1024  # 32 ms of 16 kHz 16-bit audio
 NOTE = "The boiler was serviced in March and the filter replaced; the invoice is in the drawer. "
@@ -60,7 +61,7 @@ async def _model_calls(entry: MockConfigEntry) -> int:
     return int(stats["classes"]["voice"]["requests"])
 
 
-CALLS: list[dict[str, float]] = []  # each model call: sent, first token, last token, tokens
+CALLS: list[dict[str, Any]] = []  # each model call: sent, first token, last token, text
 
 
 def _record_calls(entry: MockConfigEntry) -> None:
@@ -69,13 +70,17 @@ def _record_calls(entry: MockConfigEntry) -> None:
     plain = client.chat_stream
 
     async def chat_stream(body: dict[str, Any]) -> AsyncGenerator[dict[str, Any]]:
-        call = {"sent": time.perf_counter()}
+        call: dict[str, Any] = {"sent": time.perf_counter()}
         CALLS.append(call)
         async for chunk in plain({**body, "stream_options": {"include_usage": True}}):
             now = time.perf_counter()
-            if chunk.get("choices"):
+            if choices := chunk.get("choices"):
                 call.setdefault("first", now)
                 call["last"] = now
+                delta = choices[0].get("delta") or {}
+                call["text"] = call.get("text", "") + (delta.get("content") or "") + "".join(
+                    f"[{c['function']['name']} {c['function'].get('arguments', '')}]"
+                    for c in delta.get("tool_calls") or [] if c.get("function", {}).get("name"))
             if usage := chunk.get("usage"):
                 call["prompt"] = usage["prompt_tokens"]
                 call["cached"] = usage["prompt_tokens_details"]["cached_tokens"]
@@ -143,7 +148,8 @@ async def _run_turn(
         print(f"    model call: sent {call['sent'] - end:5.2f} s, first token "
               f"{call.get('first', 0) - call['sent']:5.2f} s later, last "
               f"{call.get('last', 0) - call['sent']:5.2f} s, {call.get('cached', 0):.0f} of "
-              f"{call.get('prompt', 0):.0f} prompt tokens cached", flush=True)
+              f"{call.get('prompt', 0):.0f} prompt tokens cached: {call.get('text', '')!r:.90}",
+              flush=True)
     return {
         "transcript": marks["transcript"] - end,
         "first_audio": marks["first_audio"] - end,
