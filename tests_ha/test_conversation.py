@@ -6,11 +6,13 @@ import time
 from typing import Any
 
 from homeassistant.components import conversation
-from homeassistant.core import Context, HomeAssistant
+from homeassistant.const import EVENT_CALL_SERVICE
+from homeassistant.core import Context, Event, HomeAssistant
 from homeassistant.helpers import intent
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
-from tests_ha.conftest import add_kitchen_light, chat_session_of
+from custom_components.fairlane.const import CONF_TEMPERATURE, MAX_TOOL_ITERATIONS
+from tests_ha.conftest import add_kitchen_light, chat_session_of, set_agent
 
 AGENT = "conversation.fairlane"
 
@@ -56,6 +58,37 @@ async def test_turn_on_the_kitchen_light_through_assist_tools(
     assert result.response.response_type is intent.IntentResponseType.ACTION_DONE
     assert hass.states.get("light.kitchen_light").state == "on"
 
+
+
+async def test_a_tool_call_repeated_in_one_turn_is_not_run_again(
+    hass: HomeAssistant, entry: MockConfigEntry
+) -> None:
+    """At temperature 0 the default model, given HassTurnOn's result, asks for the same call
+    again: it ran four times in one turn and the last round, without tools, spoke the call as
+    JSON. A call the turn has already made is not run again, and the next round may not call
+    a tool (tool_choice none), so the model answers in words."""
+    await add_kitchen_light(hass, "Kitchen lights")
+    await set_agent(hass, entry, **{CONF_TEMPERATURE: 0.0})
+    runs: list[Event] = []
+    hass.bus.async_listen(
+        EVENT_CALL_SERVICE, runs.append,
+        event_filter=lambda event: event.data["domain"] == "input_boolean",
+    )
+
+    async def model_calls() -> int:
+        classes = (await entry.runtime_data.client.stats())["classes"]
+        return sum(int(figures["requests"]) for figures in classes.values())
+
+    before = await model_calls()
+    result = await conversation.async_converse(
+        hass, "Turn on the kitchen lights", None, Context(), agent_id=AGENT
+    )
+    await hass.async_block_till_done()
+    assert hass.states.get("light.kitchen_lights").state == "on"
+    speech = result.response.speech["plain"]["speech"]
+    assert speech.strip() and '"name"' not in speech
+    assert 1 <= len(runs) <= 2
+    assert await model_calls() - before < MAX_TOOL_ITERATIONS
 
 
 async def test_a_spoken_turn_goes_in_the_voice_lane(

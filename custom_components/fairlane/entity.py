@@ -167,20 +167,29 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
                 attachment_parts, last.attachments, str(body["model"])
             )
 
+        made: set[str] = set()  # this turn's tool calls, by name and arguments
+        answer = False  # the model must answer in words now
         for round_ in range(MAX_TOOL_ITERATIONS):
             messages = stable_first(
-                _trim_history([_message(content) for content in chat_log.content], max_history)
+                _trim_history(
+                    [m for m in map(_message, chat_log.content) if not _empty(m)], max_history
+                )
             )
             if attached:
                 _attach(messages, attached)
             request = {**body, "messages": messages}
-            # The last round offers no tools, so the turn ends in words, not a tool result.
-            if tools and round_ < MAX_TOOL_ITERATIONS - 1:
+            if tools:
                 request["tools"] = tools
+                # The last round, and a round after a repeated call, may not call a tool, so
+                # the turn ends in words. The tools stay in the prompt: the server's prefix
+                # cache then holds all of it from the calls before.
+                if answer or round_ == MAX_TOOL_ITERATIONS - 1:
+                    request["tool_choice"] = "none"
             stream = self.entry.runtime_data.client.chat_stream(request)
+            repeated: list[str] = []
             try:
                 async for _content in chat_log.async_add_delta_content_stream(
-                    self.entity_id, _deltas(self.hass, stream, intent_tools)
+                    self.entity_id, _deltas(self.hass, stream, intent_tools, made, repeated)
                 ):
                     pass
             except FairlaneRequestError as err:
@@ -195,6 +204,13 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
                     translation_key="cannot_connect",
                     translation_placeholders={"error": str(err)},
                 ) from err
+            if repeated and not chat_log.unresponded_tool_results:
+                # The model asked again for what it already has (a small model can loop on
+                # one call until the last round): the next round may not call a tool, so it
+                # answers in words from the results it has.
+                _LOGGER.debug("Tool call repeated in one turn, not run again: %s", repeated)
+                answer = True
+                continue
             if not chat_log.unresponded_tool_results:
                 return
 
@@ -208,6 +224,13 @@ def _format_tool(tool: llm.Tool, serializer: Callable[[Any], Any] | None) -> dic
     if tool.description:
         function["description"] = tool.description
     return {"type": "function", "function": function}
+
+
+def _empty(message: dict[str, Any]) -> bool:
+    """An assistant message with neither text nor calls (a round whose calls were repeats)."""
+    return message["role"] == "assistant" and not message["content"] and not (
+        message.get("tool_calls")
+    )
 
 
 def _message(content: conversation.Content) -> dict[str, Any]:
@@ -357,7 +380,11 @@ def _trim_history(messages: list[dict[str, Any]], max_turns: int) -> list[dict[s
 
 
 async def _deltas(
-    hass: HomeAssistant, chunks: AsyncIterator[dict[str, Any]], intent_tools: set[str]
+    hass: HomeAssistant,
+    chunks: AsyncIterator[dict[str, Any]],
+    intent_tools: set[str],
+    made: set[str],
+    repeated: list[str],
 ) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
     """OpenAI stream chunks → the chat log's deltas.
 
@@ -365,6 +392,8 @@ async def _deltas(
     arrive in pieces keyed by `index` (id and name first, then the arguments' text) and are
     handed over whole when the model finishes, as HA runs a tool as soon as it sees it. A
     chunk that is not in OpenAI's shape ends the turn with an error, not a traceback.
+    A call the turn has already made (`made`: name and arguments) is not handed over again;
+    its name goes to `repeated`.
     """
     yield {"role": "assistant"}
     calls: dict[int, dict[str, str]] = {}
@@ -383,13 +412,17 @@ async def _deltas(
                     call["args"] += str(function.get("arguments") or "")
         except (AttributeError, KeyError, TypeError, ValueError) as err:
             raise FairlaneProtocolError(f"malformed stream chunk: {str(chunk)[:120]}") from err
-    if calls:
-        yield {
-            "tool_calls": [
-                _tool_input(hass, call, call["name"] in intent_tools)
-                for _, call in sorted(calls.items())
-            ]
-        }
+    fresh = []
+    for _, call in sorted(calls.items()):
+        tool_input = _tool_input(hass, call, call["name"] in intent_tools)
+        key = f"{tool_input.tool_name} {json.dumps(tool_input.tool_args, sort_keys=True)}"
+        if key in made:
+            repeated.append(tool_input.tool_name)
+        else:
+            made.add(key)
+            fresh.append(tool_input)
+    if fresh:
+        yield {"tool_calls": fresh}
 
 
 def _tool_input(hass: HomeAssistant, call: dict[str, str], intent: bool) -> llm.ToolInput:

@@ -237,6 +237,15 @@ def test_a_tool_call_keeps_to_its_schema_and_tool_choice_is_honoured(server) -> 
         "tool_choice": {"type": "function", "function": {"name": "open_door"}}})
     assert status == 400 and "open_door" in body["error"]["message"]
 
+    # "none": the same prompt, tools and all (the model knows them; the prefix cache matches
+    # the turn's other calls), and the reply is text, even one that reads as a call.
+    ask_none = client(server).chat.completions.create(
+        model="x", messages=ask, tools=[COLOUR], temperature=0, max_tokens=60,
+        tool_choice="none")
+    assert ask_none.usage.prompt_tokens == reply.usage.prompt_tokens
+    assert not ask_none.choices[0].message.tool_calls
+    assert ask_none.choices[0].finish_reason == "stop"
+
 
 def test_json_schema_response_format_constrains_the_output(server: BackgroundServer) -> None:
     schema = {"type": "object", "properties": {"city": {"type": "string"},

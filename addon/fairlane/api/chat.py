@@ -198,11 +198,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if any(isinstance(m.get("content"), list) for m in body["messages"]):
         # Parts may hold files to read (PDFs take a while): off the event loop.
         body["messages"] = await asyncio.to_thread(read_parts, body["messages"], svc.model_name)
-    tools = body.get("tools") or []
-    if body.get("tool_choice") == "none":
-        tools = []
+    offered = body.get("tools") or []
+    # "none": the tools stay in the prompt (the model knows them, and the prefix cache holds
+    # the same text as the turn's other calls), but the reply is text, never a call.
+    tools = [] if body.get("tool_choice") == "none" else offered
     try:
-        prompt_text = template.render(body["messages"], tools or None)
+        prompt_text = template.render(body["messages"], offered or None)
     except ChatTemplateError as err:
         raise ApiError(400, str(err), param="messages") from err
     prompt = await asyncio.to_thread(svc.engine.tokenize, prompt_text)
