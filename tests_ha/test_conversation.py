@@ -7,7 +7,7 @@ from typing import Any
 
 from homeassistant.components import conversation
 from homeassistant.const import EVENT_CALL_SERVICE
-from homeassistant.core import Context, Event, HomeAssistant
+from homeassistant.core import Context, Event, HomeAssistant, callback
 from homeassistant.helpers import intent
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
@@ -70,10 +70,13 @@ async def test_a_tool_call_repeated_in_one_turn_is_not_run_again(
     await add_kitchen_light(hass, "Kitchen lights")
     await set_agent(hass, entry, **{CONF_TEMPERATURE: 0.0})
     runs: list[Event] = []
-    hass.bus.async_listen(
-        EVENT_CALL_SERVICE, runs.append,
-        event_filter=lambda event: event.data["domain"] == "input_boolean",
-    )
+
+    @callback
+    def ran(event: Event) -> None:
+        if event.data["domain"] == "input_boolean":
+            runs.append(event)
+
+    hass.bus.async_listen(EVENT_CALL_SERVICE, ran)
 
     async def model_calls() -> int:
         classes = (await entry.runtime_data.client.stats())["classes"]
