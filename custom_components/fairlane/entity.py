@@ -204,10 +204,11 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
                     translation_key="cannot_connect",
                     translation_placeholders={"error": str(err)},
                 ) from err
-            if repeated and not chat_log.unresponded_tool_results:
+            if repeated:
                 # The model asked again for what it already has (a small model can loop on
                 # one call until the last round): the next round may not call a tool, so it
-                # answers in words from the results it has.
+                # answers from the results it has. (A round whose calls were all repeats
+                # leaves the chat log ending in the last results, as if unanswered.)
                 _LOGGER.debug("Tool call repeated in one turn, not run again: %s", repeated)
                 answer = True
                 continue
