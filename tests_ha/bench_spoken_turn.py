@@ -13,8 +13,10 @@ of speech (the last audio chunk the pipeline took):
 - the first audio (the first PCM bytes after the WAV header of the TTS stream),
 - the whole turn (the last audio byte).
 
-Two turns: a command ("turn on the kitchen lights": a tool call, then a short reply) and a
-question ("what is the weather tomorrow": an answer in words). The agent samples at
+Three turns: a command ("turn on the kitchen lights": a tool call, then a short reply), a
+question ("what is the weather tomorrow": an answer in words), and the command again through
+a pipeline that prefers local intents ("local": Home Assistant's own sentence matching runs the
+command and answers; the model is not called). The agent samples at
 temperature 0, so a turn makes the same model calls idle and loaded (the table shows them).
 Each runs with the device idle
 and with background load (two long summaries in flight as a closed loop, and documents being
@@ -51,7 +53,13 @@ from tests_ha.conftest import (
 )
 
 ROUNDS = int(os.environ.get("FAIRLANE_ROUNDS", "3"))
-TURNS = {"command": "command-00.wav", "question": "command-03.wav"}
+# label: the recording, and whether the pipeline prefers local intents (Home Assistant's own
+# sentence matching answers the commands it knows; the agent gets the rest).
+TURNS = {
+    "command": ("command-00.wav", False),
+    "question": ("command-03.wav", False),
+    "local": ("command-00.wav", True),
+}
 CHUNK = 1024  # 32 ms of 16 kHz 16-bit audio
 NOTE = "The boiler was serviced in March and the filter replaced; the invoice is in the drawer. "
 
@@ -211,19 +219,22 @@ async def test_bench_spoken_turns(hass: HomeAssistant, entry: MockConfigEntry,
     await add_kitchen_light(hass, "Kitchen lights")
     await set_agent(hass, entry, **{CONF_TEMPERATURE: 0.0})
     _record_calls(entry)
-    pipeline_id = await voice_pipeline(hass, "tts.fairlane_text_to_speech")
+    pipelines = {
+        local: await voice_pipeline(hass, "tts.fairlane_text_to_speech", local)
+        for local in (False, True)
+    }
     base = f"http://{fairlane_server.host}:{fairlane_server.port}"
-    for recording in TURNS.values():  # equal warm-up: each turn once, idle
-        await _run_turn(hass, entry, pipeline_id, recording)
+    for recording, local in TURNS.values():  # equal warm-up: each turn once, idle
+        await _run_turn(hass, entry, pipelines[local], recording)
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     for round_ in range(ROUNDS):
         for condition in ("idle", "loaded"):
-            for label, recording in TURNS.items():
+            for label, (recording, local) in TURNS.items():
                 if condition == "idle":
-                    row = await _run_turn(hass, entry, pipeline_id, recording)
+                    row = await _run_turn(hass, entry, pipelines[local], recording)
                 else:
                     async with BackgroundLoad(base, fairlane_server.token):
-                        row = await _run_turn(hass, entry, pipeline_id, recording)
+                        row = await _run_turn(hass, entry, pipelines[local], recording)
                 results.setdefault((label, condition), []).append(row)
                 print(f"round {round_ + 1} {label:8} {condition:6} "
                       + " ".join(f"{k} {v:.2f} s" for k, v in row.items()

@@ -242,8 +242,12 @@ async def add_wyoming(hass: HomeAssistant, port: int) -> MockConfigEntry:
     return entry
 
 
-async def voice_pipeline(hass: HomeAssistant, tts_engine: str | None = None) -> str:
-    """An assist pipeline of Fairlane's STT and agent (and TTS, if named); returns its id."""
+async def voice_pipeline(
+    hass: HomeAssistant, tts_engine: str | None = None, prefer_local_intents: bool = False
+) -> str:
+    """An assist pipeline of Fairlane's STT and agent (and TTS, if named); returns its id.
+    `prefer_local_intents`: Home Assistant handles the commands its own sentences match, and
+    only the rest reaches the agent (the pipeline's "prefer handling commands locally")."""
     from homeassistant.components.assist_pipeline.const import DOMAIN as PIPELINE
     from homeassistant.components.assist_pipeline.pipeline import KEY_ASSIST_PIPELINE
 
@@ -254,6 +258,7 @@ async def voice_pipeline(hass: HomeAssistant, tts_engine: str | None = None) -> 
         "conversation_language": "en", "stt_engine": "stt.fairlane_speech_to_text",
         "stt_language": "en", "tts_engine": tts_engine,
         "tts_language": "en-US" if tts_engine else None, "tts_voice": None,
-        "wake_word_entity": None, "wake_word_id": None, "prefer_local_intents": False,
+        "wake_word_entity": None, "wake_word_id": None,
+        "prefer_local_intents": prefer_local_intents,
     })
     return str(pipeline.id)

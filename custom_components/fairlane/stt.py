@@ -5,10 +5,12 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import importlib
 import logging
 import math
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
+from typing import Any
 
 from homeassistant.components import stt
 from homeassistant.config_entries import ConfigSubentry
@@ -38,12 +40,33 @@ async def async_setup_entry(
             )
 
 
+VAD_FRAME = 320  # pymicro-vad takes 10 ms of 16 kHz 16-bit audio at a time
+VAD_SPEECH = 0.5  # the speech probability the assist pipeline's own segmenter counts as speech
+
+
+def micro_vad() -> Any:
+    """Home Assistant's own voice activity detector, or None where it is not installed.
+
+    pymicro-vad is the assist pipeline's requirement (the pipeline ends an utterance with it),
+    so it is there wherever a voice pipeline runs; the integration does not require it."""
+    try:
+        return importlib.import_module("pymicro_vad").MicroVad()
+    except ImportError:
+        return None
+
+
 @dataclass
 class Pause:
     """The speaker's first pause in 16-bit PCM chunks, by loudness: a chunk is speech when its
     RMS is above a tenth of the loudest so far (and a floor). The server's Wyoming side uses
     the same rule; this copy lives here because the integration cannot import the server, and
-    both keep one specification (tests/fixtures/pause-detector.json, played by both suites)."""
+    both keep one specification (tests/fixtures/pause-detector.json, played by both suites).
+
+    Whether anyone spoke after the pause (so the early transcript cannot stand) is a voice
+    activity detector's call where one is given (`vad`: pymicro-vad, 16 kHz): a soft last word
+    is speech to it at a hundredth of full scale, where the loudness rule hears quiet. Its
+    speech probability lingers ~0.3 s after a word ends, so after the pause it counts only once
+    it has first fallen below `VAD_SPEECH`."""
 
     rate: int = 16000
     pause_s: float = 0.3
@@ -53,15 +76,25 @@ class Pause:
     speaking: bool = False
     quiet_s: float = 0.0
     since_pause: float = 0.0  # the loudest chunk since the pause
+    vad: Any = None  # pymicro_vad.MicroVad, or None: loudness alone
+    paused: bool = False
+    vad_fell: bool = False  # the detector's probability fell below speech after the pause
+    voice_after_pause: bool = False
+    _frames: bytes = b""
 
     @property
     def still_quiet(self) -> bool:
-        """Nothing since the pause as loud as a twentieth of the loudest speech: stricter than
-        the rule for speech, so a soft last word drops the early transcript."""
+        """Nobody spoke since the pause: by the voice activity detector where there is one;
+        else nothing as loud as a twentieth of the loudest speech (stricter than the rule for
+        speech, so a soft last word drops the early transcript)."""
+        if self.vad is not None:
+            return not self.voice_after_pause
         return self.since_pause <= max(self.floor, 0.05 * self.loudest)
 
     def feed(self, chunk: bytes) -> bool:
         """True once, when the quiet after speech first reaches `pause_s`."""
+        if self.vad is not None:
+            self._listen(chunk)
         samples = array.array("h", chunk[: len(chunk) // 2 * 2])
         if not samples:
             return False
@@ -76,8 +109,22 @@ class Pause:
         self.quiet_s += len(samples) / self.rate
         if self.heard and before < self.pause_s <= self.quiet_s:
             self.since_pause = 0.0
+            self.paused, self.vad_fell, self.voice_after_pause = True, False, False
             return True
         return False
+
+    def _listen(self, chunk: bytes) -> None:
+        frames = self._frames + chunk
+        whole = len(frames) // VAD_FRAME * VAD_FRAME
+        for start in range(0, whole, VAD_FRAME):
+            speech = self.vad.Process10ms(frames[start : start + VAD_FRAME]) >= VAD_SPEECH
+            if not self.paused:
+                continue
+            if not speech:
+                self.vad_fell = True
+            elif self.vad_fell:
+                self.voice_after_pause = True
+        self._frames = frames[whole:]
 
 
 class FairlaneSpeechToText(stt.SpeechToTextEntity, FairlaneSubentryEntity):
@@ -125,14 +172,15 @@ class FairlaneSpeechToText(stt.SpeechToTextEntity, FairlaneSubentryEntity):
         self, metadata: stt.SpeechMetadata, stream: AsyncIterable[bytes]
     ) -> stt.SpeechResult:
         audio = bytearray()
-        pause = Pause(rate=int(metadata.sample_rate))
+        rate = int(metadata.sample_rate)
+        pause = Pause(rate=rate, vad=micro_vad() if rate == 16000 else None)
         early: asyncio.Task[str] | None = None
         try:
             async for chunk in stream:
                 audio += chunk
                 if pause.feed(chunk) and early is None:
                     early = self.hass.async_create_task(self._transcribe(bytes(audio), metadata))
-                elif pause.speaking and early is not None:
+                elif early is not None and (pause.speaking or pause.voice_after_pause):
                     early.cancel()  # they went on talking: the guess is stale
                     early = None
             if early is not None and pause.still_quiet:
