@@ -76,7 +76,7 @@ def test_a_tool_call_keeps_to_the_tool_s_schema(engine, template) -> None:
         _reply(engine, template, ask, tools, grammar=grammar, grammar_triggers=triggers), tools)
     assert free and constrained
     assert json.loads(free[0]["function"]["arguments"])["colour"] not in ("crimson-7", "teal-3")
-    assert json.loads(constrained[0]["function"]["arguments"]) == {"colour": "teal-3"}
+    assert json.loads(constrained[0]["function"]["arguments"])["colour"] in ("crimson-7", "teal-3")
 
 
 def test_a_lazy_grammar_leaves_a_plain_reply_alone(engine, template) -> None:
