@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from homeassistant.components import conversation
-from homeassistant.const import EVENT_CALL_SERVICE
-from homeassistant.core import Context, Event, HomeAssistant, callback
+from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import intent
 from pytest_homeassistant_custom_component.common import MockConfigEntry
 
@@ -60,38 +61,67 @@ async def test_turn_on_the_kitchen_light_through_assist_tools(
 
 
 
-async def test_a_tool_call_repeated_in_one_turn_is_not_run_again(
-    hass: HomeAssistant, entry: MockConfigEntry
+def _record_requests(entry: MockConfigEntry, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The body of each model call the agent makes, as sent."""
+    client = entry.runtime_data.client
+    plain = client.chat_stream
+    sent: list[dict[str, Any]] = []
+
+    def chat_stream(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        sent.append(body)
+        return plain(body)
+
+    monkeypatch.setattr(client, "chat_stream", chat_stream)
+    return sent
+
+
+async def test_a_done_action_is_confirmed_in_the_next_round(
+    hass: HomeAssistant, entry: MockConfigEntry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """At temperature 0 the default model, given HassTurnOn's result, asks for the same call
-    again: it ran four times in one turn and the last round, without tools, spoke the call as
-    JSON. A call the turn has already made is not run again, and the next round may not call
-    a tool (tool_choice none). (What the model then says is its own: this one echoes the
-    tool's result.)"""
+    """At temperature 0 the default model, given HassTurnOn's `action_done`, asks for the same
+    call again when it may: a whole round spent on nothing. When Home Assistant reports every
+    action of a round done, the next round may not call a tool: two model calls, not three."""
     await add_kitchen_light(hass, "Kitchen lights")
     await set_agent(hass, entry, **{CONF_TEMPERATURE: 0.0})
-    runs: list[Event] = []
-
-    @callback
-    def ran(event: Event) -> None:
-        if event.data["domain"] == "input_boolean":
-            runs.append(event)
-
-    hass.bus.async_listen(EVENT_CALL_SERVICE, ran)
-
-    async def model_calls() -> int:
-        classes = (await entry.runtime_data.client.stats())["classes"]
-        return sum(int(figures["requests"]) for figures in classes.values())
-
-    before = await model_calls()
+    sent = _record_requests(entry, monkeypatch)
     result = await conversation.async_converse(
         hass, "Turn on the kitchen lights", None, Context(), agent_id=AGENT
     )
     await hass.async_block_till_done()
     assert hass.states.get("light.kitchen_lights").state == "on"
     assert result.response.speech["plain"]["speech"].strip()
-    assert 1 <= len(runs) <= 2
-    assert await model_calls() - before < MAX_TOOL_ITERATIONS
+    assert len(sent) == 2
+    assert "tool_choice" not in sent[0]
+    assert sent[1]["tool_choice"] == "none" and sent[1]["tools"] == sent[0]["tools"]
+    result_message = sent[1]["messages"][-1]
+    assert result_message["role"] == "tool" and "action_done" in result_message["content"]
+
+
+async def test_a_tool_call_repeated_in_one_turn_is_not_run_again(
+    hass: HomeAssistant, entry: MockConfigEntry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At temperature 0 the default model, given GetDateTime's answer (a query, so it may call
+    again), asks for the same call again: unguarded, a call ran four times in one turn and the
+    last round, without tools, spoke the call as JSON. A call the turn has already made is not
+    run again, and the next round may not call a tool (tool_choice none). (What the model then
+    says is its own: this one echoes the tool's result.)"""
+    await set_agent(hass, entry, **{CONF_TEMPERATURE: 0.0})
+    sent = _record_requests(entry, monkeypatch)
+    result = await conversation.async_converse(
+        hass, "What is the date today?", None, Context(), agent_id=AGENT
+    )
+    assert result.response.speech["plain"]["speech"].strip()
+    assert 2 <= len(sent) < MAX_TOOL_ITERATIONS
+    # Each round after the first was sent with the results so far: one result per call run.
+    results = [m for m in sent[-1]["messages"] if m["role"] == "tool"]
+    calls = [
+        call["function"]["name"]
+        for m in sent[-1]["messages"]
+        if m["role"] == "assistant"
+        for call in m.get("tool_calls") or ()
+    ]
+    assert calls and len(results) == len(calls) == len(set(calls))
+    assert sent[-1]["tool_choice"] == "none"
 
 
 async def test_a_spoken_turn_goes_in_the_voice_lane(
