@@ -200,7 +200,12 @@ def _bench(args: argparse.Namespace) -> int:
 def _bench_family(args: argparse.Namespace, threads: int) -> object:
     from fairlane.bench.family import family
     from fairlane.bench.family_play import PHASES
-    from fairlane.bench.family_report import format_prediction, format_ratios, format_rows
+    from fairlane.bench.family_report import (
+        format_background_steps,
+        format_prediction,
+        format_ratios,
+        format_rows,
+    )
     from fairlane.bench.family_targets import TARGETS
     from fairlane.sim import default_workload, scenario
 
@@ -225,6 +230,8 @@ def _bench_family(args: argparse.Namespace, threads: int) -> object:
     print(format_ratios(result["ratios"]))
     print()
     print(format_prediction(result["reports"]))
+    print()
+    print(format_background_steps(result["reports"]))
     result["workload"] = scn.workload.name
     result["slo"] = {p.label: vars(s) for p, s in scn.workload.slo.items()}
     if args.plot:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -58,7 +59,7 @@ from fairlane.policy import Kind, Priority
 from fairlane.runtime.components import storage_full
 from fairlane.runtime.device import DeviceLoop, StepRecord
 from fairlane.runtime.overhead import host_overhead
-from fairlane.runtime.prediction import prediction_error
+from fairlane.runtime.prediction import WINDOW_S, background_steps, prediction_error
 from fairlane.runtime.remote import RemoteError
 from fairlane.startup import StartupError, build_services, exposure_warnings
 from fairlane.voice import wyoming
@@ -241,9 +242,20 @@ async def stats(request: web.Request) -> web.Response:
     body["device"] = devices[svc.device.loop_for(Kind.LLM).name]
     body["devices"] = devices
     records = svc.device.records
+    now = svc.device.clock()
+    window_s = _steps_window(request)
     body["steps"] = _step_summary(records)
-    body["prediction_error"] = prediction_error(records, svc.device.clock())
-    body["host_overhead"] = host_overhead(records, svc.device.clock())
+    body["steps_window_s"] = window_s
+    body["prediction_error"] = prediction_error(records, now, window_s)
+    body["host_overhead"] = host_overhead(records, now, window_s)
+    # Background steps beside the slice each loop's policy bounds them by.
+    body["background_steps"] = {
+        name: figures
+        for name, loop in svc.device.loops.items()
+        for figures in background_steps(
+            loop.records, now, loop.policy.config.slice_s, window_s
+        ).values()
+    }
     if svc.remotes:
         body["remotes"] = {lane.name: lane.stats() for lane in svc.remotes}
     if svc.documents is not None:
@@ -298,6 +310,23 @@ OPENAPI = document(ROUTES)
 PUBLIC_PATHS = frozenset(route.path for route in ROUTES if operation_of(route.handler).public)
 
 
+def _steps_window(request: web.Request) -> float:
+    """`?steps_window_s=`: the seconds the step figures look back over (a benchmark reads one
+    phase's); 5 minutes unless given."""
+    raw = request.query.get("steps_window_s")
+    if raw is None:
+        return WINDOW_S
+    try:
+        window_s = float(raw)
+    except ValueError:
+        window_s = math.nan
+    if not 0 < window_s <= 86_400:
+        raise ApiError(
+            400, "steps_window_s: seconds, above 0 and at most 86400", param="steps_window_s"
+        )
+    return window_s
+
+
 def _device_use(device: DeviceLoop, window_s: float) -> dict[str, Any]:
     """How busy the device was over the window, and each class's share of that busy time.
 
@@ -316,6 +345,10 @@ def _device_use(device: DeviceLoop, window_s: float) -> dict[str, Any]:
     return {
         "busy": round(min(busy / max(window_s, 1e-6), 1.0), 4),
         "share": {label: round(s / busy, 4) if busy else 0.0 for label, s in by_class.items()},
+        # Since start (counters): seconds in steps, and in steps that carried each class.
+        "busy_s_total": round(device.busy_s, 3),
+        "class_busy_s_total": {label: round(s, 3) for label, s in device.class_busy_s.items()},
+        "interactive_busy_s_total": round(device.interactive_busy_s, 3),
     }
 
 

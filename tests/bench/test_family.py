@@ -10,7 +10,12 @@ import yaml
 from fairlane.bench.family import family
 from fairlane.bench.family_load import Prompts
 from fairlane.bench.family_play import Played
-from fairlane.bench.family_report import format_prediction, ratios, summarize
+from fairlane.bench.family_report import (
+    format_background_steps,
+    format_prediction,
+    ratios,
+    summarize,
+)
 from fairlane.policy import Kind, Priority, Slo
 from fairlane.runtime.metrics import RequestRecord
 from fairlane.sim.workload import Job, load
@@ -61,6 +66,24 @@ def test_ratios_compare_each_round_with_its_own_phases_alone() -> None:
     }]
 
 
+def test_work_conserving_efficiency_scales_background_alone_by_the_share_left() -> None:
+    """Interactive work alone kept the device busy 20% of the time; background work beside it
+    did 0.72 of what it does alone: 0.72 / 0.8 = 0.9 of what the free 80% allows."""
+    def report(phase: str, bg: float, interactive_busy: float | None) -> dict:
+        return {"target": "fairlane", "round": 1, "phase": phase, "interactive_slo_met": 1.0,
+                "classes": {}, "voice_turn_ms": {"p95": None},
+                "background_llm_tokens_per_s": bg, "embedded_tokens_per_s": 0,
+                "interactive_busy": interactive_busy}
+
+    (row,) = ratios([report("interactive", 0, 0.2), report("background", 50, 0.0),
+                     report("mixed", 36, 0.25)])
+    assert row["background_llm_ratio"] == 0.72 and row["work_conserving"] == 0.9
+    # A target that does not report its device use (the separate stack) has no figure.
+    (row,) = ratios([report("interactive", 0, None), report("background", 50, None),
+                     report("mixed", 36, None)])
+    assert "work_conserving" not in row
+
+
 @pytest.mark.model
 def test_prompts_have_the_drawn_size_a_shared_prefix_and_a_nonce() -> None:
     prompts = Prompts()
@@ -108,3 +131,8 @@ def test_a_small_evening_against_the_real_server(tmp_path) -> None:
     (errors,) = report["prediction_error"].values()
     assert errors["decode"]["steps"] > 0 and errors["embed"]["steps"] > 0
     assert "decode" in format_prediction(result["reports"])
+    # Its device use over the phase, and its background-only steps beside the slice.
+    assert 0 < report["interactive_busy"] <= report["device_busy"] <= 1.05
+    (kinds,) = report["background_steps"].values()
+    assert kinds["embed"]["steps"] > 0 and kinds["embed"]["p95_over_slice"] > 0
+    assert "embed" in format_background_steps(result["reports"])

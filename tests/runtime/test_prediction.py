@@ -6,7 +6,7 @@ import pytest
 
 from fairlane.policy import Kind, Priority
 from fairlane.runtime.device import StepRecord
-from fairlane.runtime.prediction import prediction_error, step_kind
+from fairlane.runtime.prediction import background_steps, prediction_error, step_kind
 
 
 def step(kind: Kind, start: float, took: float, predicted: float, prefill: int = 0,
@@ -43,3 +43,23 @@ def test_only_the_last_five_minutes_count() -> None:
     assert prediction_error([old, recent], now=400.0)["gpu"]["stt"] == {
         "steps": 1, "median": 0.2, "p95": 0.2}
     assert prediction_error([old], now=400.0) == {}
+
+
+def test_background_steps_are_those_without_interactive_work_beside_the_slice() -> None:
+    def ran(kind: Kind, start: float, took: float, *classes: Priority) -> StepRecord:
+        return StepRecord(start, start + took, kind, ("r",), (), classes, 0, 1, took, "cpu")
+
+    records = [
+        ran(Kind.LLM, 100.0, 0.040, Priority.BACKGROUND),
+        ran(Kind.LLM, 101.0, 0.060, Priority.BACKGROUND),
+        ran(Kind.LLM, 102.0, 0.500, Priority.BACKGROUND, Priority.VOICE),  # carried a voice turn
+        ran(Kind.EMBED, 103.0, 0.100, Priority.BACKGROUND),
+        ran(Kind.LLM, 104.0, 0.900, Priority.CHAT),
+        ran(Kind.LLM, 10.0, 0.900, Priority.BACKGROUND),  # before the window
+    ]
+    steps = background_steps(records, now=110.0, slice_s=0.05, window_s=60.0)
+    llm = steps["cpu"]["llm"]
+    assert llm["steps"] == 2 and llm["p50_ms"] == 50.0
+    assert llm["p95_ms"] == pytest.approx(59.0) and llm["p95_over_slice"] == pytest.approx(1.18)
+    assert steps["cpu"]["embed"] == {
+        "steps": 1, "p50_ms": 100.0, "p95_ms": 100.0, "p95_over_slice": 2.0}

@@ -116,6 +116,16 @@ def test_models_health_stats_metrics_and_openapi(server: BackgroundServer) -> No
     assert stats["classes"]["chat"]["ttft_ms"]["p50"] is not None
     assert stats["steps"] and stats["steps"][-1]["kind"] == "llm"
     assert 0 < stats["device"]["busy"] <= 1 and stats["device"]["share"]["chat"] > 0
+    # Counters since start, so a client can take one period's device use from two reads.
+    device = stats["device"]
+    assert device["busy_s_total"] >= device["class_busy_s_total"]["chat"] > 0
+    assert device["interactive_busy_s_total"] == device["class_busy_s_total"]["chat"]
+    assert stats["steps_window_s"] == 300 and stats["background_steps"] == {}
+    status, narrow = http(server, "GET", "/v1/stats?steps_window_s=0.5")
+    assert status == 200 and narrow["steps_window_s"] == 0.5
+    for bad in ("0", "-1", "nan", "soon", "1e9"):
+        status, error = http(server, "GET", f"/v1/stats?steps_window_s={bad}")
+        assert status == 400 and error["error"]["param"] == "steps_window_s"
     # The cost model's error on the steps just run: a prefill and decodes of the LLM.
     llm = stats["prediction_error"][stats["steps"][-1]["device"]]
     assert llm["decode"]["steps"] >= 1 and llm["decode"]["median"] >= 0

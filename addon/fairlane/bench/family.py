@@ -70,8 +70,6 @@ def family(
                 for phase in phases:
                     played = Played(name, phase, round_index, workload.duration_s)
                     Player(target, workload, prompts, audio, played, give_up_s).play(phase)
-                    if (read := getattr(target, "prediction_error", None)) is not None:
-                        played.prediction_error = read()
                     reports.append(summarize(played, workload.slo))
                     progress(format_rows(reports[-1:]).splitlines()[-1])
                     _settle()

@@ -38,9 +38,14 @@ class Played:
     embedded_tokens: int = 0
     errors: list[str] = field(default_factory=list)
     timed_out: int = 0  # interactive requests still unanswered `give_up_s` after the phase
-    # A Fairlane target's cost-model error after the phase (its last 5 minutes), by device
-    # loop and step kind (`fairlane.runtime.prediction`).
+    # A Fairlane target's cost-model error over the phase, by device loop and step kind
+    # (`fairlane.runtime.prediction`), and its background-only steps beside the slice.
     prediction_error: dict[str, Any] = field(default_factory=dict)
+    background_steps: dict[str, Any] = field(default_factory=dict)
+    # A Fairlane target's LLM loop over the phase's duration: the share of it spent in steps,
+    # and in steps that carried interactive work (what work-conserving efficiency reads).
+    device_busy: float | None = None
+    interactive_busy: float | None = None
 
 
 class Player:
@@ -70,6 +75,8 @@ class Player:
         return time.monotonic() - self._t0
 
     def play(self, phase: str) -> None:
+        stats = getattr(self.target, "stats", None)
+        before = stats() if stats is not None else None
         self._t0 = time.monotonic()
         duration = self.workload.duration_s
         jobs = [j for j in self.workload.jobs if _in_phase(j.priority, phase)]
@@ -96,6 +103,8 @@ class Player:
             (interactive if job.priority.interactive else threads).append(worker)
         time.sleep(max(0.0, duration - self.now()))
         self.stop_background.set()  # unfinished background work does not count
+        if stats is not None and before is not None:
+            self._device_use(before, stats())
         deadline = time.monotonic() + self.give_up_s
         for worker in interactive:
             worker.join(max(0.0, deadline - time.monotonic()))
@@ -103,6 +112,21 @@ class Player:
         self.abandon.set()
         for worker in threads + interactive:
             worker.join(30)
+        if stats is not None:
+            # The steps of the whole phase, its interactive work's tail included.
+            steps = stats(self.now())
+            self.played.prediction_error = steps["prediction_error"]
+            self.played.background_steps = steps["background_steps"]
+
+    def _device_use(self, before: dict[str, Any], after: dict[str, Any]) -> None:
+        """The LLM loop's busy shares over the phase's duration, from two reads of its
+        counters."""
+        seconds = self.now()
+        start, end = before["device"], after["device"]
+        self.played.device_busy = round((end["busy_s_total"] - start["busy_s_total"]) / seconds, 3)
+        self.played.interactive_busy = round(
+            (end["interactive_busy_s_total"] - start["interactive_busy_s_total"]) / seconds, 3
+        )
 
     def _spawn(self, target: Callable[..., object], *args: Any) -> threading.Thread:
         thread = threading.Thread(target=self._guard, args=(target, *args), daemon=True)

@@ -53,13 +53,16 @@ def summarize(played: Played, slo: dict[Priority, Slo]) -> dict[str, Any]:
         "first_errors": played.errors[:3],
         "timed_out": played.timed_out,
         "prediction_error": played.prediction_error,
+        "background_steps": played.background_steps,
+        "device_busy": played.device_busy,
+        "interactive_busy": played.interactive_busy,
     }
 
 
 def format_prediction(reports: list[dict[str, Any]]) -> str:
     """Beside the SLO table: how far each Fairlane server's step predictions were from its
-    steps (median / p95 of |predicted − measured| / measured, its last 5 minutes)."""
-    lines = ["cost-model error, median / p95 (the server's last 5 minutes)"]
+    steps (median / p95 of |predicted − measured| / measured, over the phase)."""
+    lines = ["cost-model error, median / p95 (over the phase)"]
     for report in reports:
         kinds = {
             f"{step}" + (f"@{device}" if len(report["prediction_error"]) > 1 else ""): figures
@@ -73,6 +76,24 @@ def format_prediction(reports: list[dict[str, Any]]) -> str:
             )
             where = f"{report['target']:<16}{report['phase']:<12}{report['round']:>3}"
             lines.append(f"{where}  {cells}")
+    return "\n".join(lines)
+
+
+def format_background_steps(reports: list[dict[str, Any]]) -> str:
+    """Per Fairlane server and phase: background-only steps' p50 / p95 (ms) and the p95 over
+    the slice, per engine kind; and the LLM loop's busy share (all steps / interactive ones)."""
+    lines = ["background steps p50/p95 ms (p95 / slice); LLM loop busy: all / interactive"]
+    for report in reports:
+        if report.get("device_busy") is None:
+            continue
+        cells = "  ".join(
+            f"{kind} {_f(f['p50_ms'])}/{_f(f['p95_ms'])} ({_f(f['p95_over_slice'], '.2f')}x)"
+            for device, kinds in sorted(report.get("background_steps", {}).items())
+            for kind, f in sorted(kinds.items())
+        )
+        where = f"{report['target']:<16}{report['phase']:<12}{report['round']:>3}"
+        busy = f"busy {report['device_busy']:.0%} / {report['interactive_busy']:.0%}"
+        lines.append(f"{where}  {busy}  {cells or '-'}")
     return "\n".join(lines)
 
 
@@ -138,6 +159,13 @@ def ratios(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ):
             if background and background[key]:
                 row[name] = round(mixed[key] / background[key], 2)
+        if "background_llm_ratio" in row and alone and alone.get("interactive_busy") is not None:
+            # Work-conserving efficiency: the background LLM work done beside the interactive
+            # work, over what it does alone scaled to the device share the interactive work
+            # leaves (1 - its busy share alone). 1: every second it leaves goes to background.
+            left = 1.0 - alone["interactive_busy"]
+            if left > 0:
+                row["work_conserving"] = round(row["background_llm_ratio"] / left, 2)
         out.append(row)
     return out
 
@@ -146,7 +174,8 @@ def format_ratios(rows: list[dict[str, Any]]) -> str:
     header = (
         f"{'target':<16}{'rnd':>4}{'chat TTFT p95 loaded/alone':>28}"
         f"{'voice turn p95 loaded/alone':>29}{'bg LLM mixed/alone':>20}"
-        f"{'embed mixed/alone':>19}{'interactive SLO':>17}{'bg LLM tok/s':>14}{'embed tok/s':>13}"
+        f"{'embed mixed/alone':>19}{'work-conserving':>17}{'interactive SLO':>17}"
+        f"{'bg LLM tok/s':>14}{'embed tok/s':>13}"
     )
     lines = [header, "-" * len(header)]
     for row in rows:
@@ -156,6 +185,7 @@ def format_ratios(rows: list[dict[str, Any]]) -> str:
             f"{_f(row.get('voice_first_token_p95_ratio'), '.2f'):>29}"
             f"{_f(row.get('background_llm_ratio'), '.2f'):>20}"
             f"{_f(row.get('embedded_ratio'), '.2f'):>19}"
+            f"{_f(row.get('work_conserving'), '.2f'):>17}"
             f"{_f(row['interactive_slo_met'], '.0%'):>17}"
             f"{row['background_llm_tokens_per_s']:>14}{row['embedded_tokens_per_s']:>13}"
         )

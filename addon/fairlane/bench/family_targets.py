@@ -75,10 +75,11 @@ class FairlaneTarget:
         body = {"input": texts, "fairlane_class": "background", "user": client}
         _post_json(f"{self.server.url}/v1/embeddings", body)
 
-    def prediction_error(self) -> dict[str, Any]:
-        """The server's cost-model error over its last 5 minutes (/v1/stats)."""
-        with urllib.request.urlopen(f"{self.server.url}/v1/stats", timeout=30) as response:
-            return dict(json.loads(response.read())["prediction_error"])
+    def stats(self, steps_window_s: float | None = None) -> dict[str, Any]:
+        """The server's `/v1/stats`; its step figures over the last `steps_window_s`."""
+        query = "" if steps_window_s is None else f"?steps_window_s={steps_window_s:.1f}"
+        with urllib.request.urlopen(f"{self.server.url}/v1/stats{query}", timeout=30) as response:
+            return dict(json.loads(response.read()))
 
     def close(self) -> None:
         self.server.close()

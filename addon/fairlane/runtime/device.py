@@ -103,6 +103,12 @@ class DeviceLoop:
         self.engines = engines
         self.clock = clock
         self.records: deque[StepRecord] = deque(maxlen=history)
+        # Since start: seconds the loop spent in steps, and in steps that carried each class
+        # (a step with several classes counts for each). Differences between two reads give
+        # a period's device use, as the records' window cannot once they roll over.
+        self.busy_s = 0.0
+        self.class_busy_s = dict.fromkeys((p.label for p in Priority), 0.0)
+        self.interactive_busy_s = 0.0  # in steps that carried voice or chat work
         self._form_errors_said: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -208,9 +214,13 @@ class DeviceLoop:
                 device_s = result.device_s if result.device_s is not None else end - start
                 handed = self.clock()
                 host_s = self._planning_s + (end - start - device_s) + (handed - end)
-                self.records.append(
-                    _record(plan, start, end, self.name, host_s + self._handoff_s, device_s)
-                )
+                record = _record(plan, start, end, self.name, host_s + self._handoff_s, device_s)
+                self.records.append(record)
+                self.busy_s += end - start
+                for label in {p.label for p in record.classes}:
+                    self.class_busy_s[label] += end - start
+                if any(p.interactive for p in record.classes):
+                    self.interactive_busy_s += end - start
                 self._hand_off(events)
                 for request in finished:
                     self._sinks.pop(request.id, None)

@@ -61,3 +61,34 @@ def prediction_error(
 
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
+
+
+def background_steps(
+    records: Iterable[StepRecord], now: float, slice_s: float, window_s: float = WINDOW_S
+) -> dict[str, dict[str, Any]]:
+    """Per device loop and engine kind, the steps that carried background work and nothing
+    interactive, over the last `window_s`: how many, their p50 and p95 in ms, and the p95 over
+    the slice (the policy's bound on such a step; DESIGN's goal: at most 1.2)."""
+    durations: dict[tuple[str, str], list[float]] = {}
+    for record in records:
+        if record.end < now - window_s or not record.classes:
+            continue
+        if any(p.interactive for p in record.classes):
+            continue
+        durations.setdefault((record.device, record.kind.value), []).append(
+            record.end - record.start
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for (device, kind), values in sorted(durations.items()):
+        p95 = percentile(values, 95)
+        out.setdefault(device, {})[kind] = {
+            "steps": len(values),
+            "p50_ms": _ms(percentile(values, 50)),
+            "p95_ms": _ms(p95),
+            "p95_over_slice": None if p95 is None else round(p95 / slice_s, 2),
+        }
+    return out
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 1)
