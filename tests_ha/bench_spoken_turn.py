@@ -9,7 +9,8 @@ text-to-speech, streamed (HA hands the agent's text to the TTS entity as it is w
 pipeline's own TTS stream is read as a satellite reads it. Per turn it records, from the end
 of speech (the last audio chunk the pipeline took):
 
-- the transcript (HA's `stt-end` event),
+- the transcript (HA's `stt-end` event), and when the transcription it came from was sent to
+  the server and came back (sent before the end of speech: the early transcript),
 - the first audio (the first PCM bytes after the WAV header of the TTS stream),
 - the whole turn (the last audio byte).
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -70,6 +72,7 @@ async def _model_calls(entry: MockConfigEntry) -> int:
 
 
 CALLS: list[dict[str, Any]] = []  # each model call: sent, first token, last token, text
+TRANSCRIBED: list[dict[str, Any]] = []  # each transcription: sent, ready, seconds of audio
 
 
 def _record_calls(entry: MockConfigEntry) -> None:
@@ -95,13 +98,23 @@ def _record_calls(entry: MockConfigEntry) -> None:
             yield chunk
 
     client.chat_stream = chat_stream  # type: ignore[method-assign]
+    transcribe = client.transcribe
+
+    async def timed_transcribe(audio: bytes, **fields: Any) -> str:
+        call: dict[str, Any] = {"sent": time.perf_counter(), "audio_s": len(audio) / 32_000}
+        TRANSCRIBED.append(call)
+        text = await transcribe(audio, **fields)
+        call["ready"] = time.perf_counter()
+        return str(text)
+
+    client.transcribe = timed_transcribe  # type: ignore[method-assign]
 
 
 async def _run_turn(
     hass: HomeAssistant, entry: MockConfigEntry, pipeline_id: str, recording: str
 ) -> dict[str, float]:
     calls = await _model_calls(entry)
-    first_call = len(CALLS)
+    first_call, first_transcription = len(CALLS), len(TRANSCRIBED)
     with wave.open(str(SPEECH / recording)) as wav:
         audio = wav.readframes(wav.getnframes())
     marks: dict[str, float] = {}
@@ -158,7 +171,16 @@ async def _run_turn(
               f"{call.get('last', 0) - call['sent']:5.2f} s, {call.get('cached', 0):.0f} of "
               f"{call.get('prompt', 0):.0f} prompt tokens cached: {call.get('text', '')!r:.90}",
               flush=True)
+    # The speculation window: when the transcript Home Assistant gets was sent and ready, from
+    # the end of speech. One sent before the end is the early transcript (at the first pause).
+    transcriptions = TRANSCRIBED[first_transcription:]
+    for t in transcriptions:
+        print(f"    transcription of {t['audio_s']:.2f} s of audio: sent {t['sent'] - end:5.2f} s, "
+              f"ready {t.get('ready', math.nan) - end:5.2f} s", flush=True)
+    used = transcriptions[-1] if transcriptions else None
     return {
+        "transcript_sent": used["sent"] - end if used else math.nan,
+        "transcript_ready": used.get("ready", math.nan) - end if used else math.nan,
         "transcript": marks["transcript"] - end,
         "first_audio": marks["first_audio"] - end,
         "turn": marks["last_audio"] - end,
@@ -253,6 +275,13 @@ async def test_bench_spoken_turns(hass: HomeAssistant, entry: MockConfigEntry,
             summary.setdefault(label, {}).setdefault(condition, {})[key] = statistics.median(
                 values)
         print(f"{label:9} {condition:9} {cells[0]:>19} {cells[1]:>20} {cells[2]:>19}")
+    print("the transcript Home Assistant got, from the end of speech (p50 / max; sent before 0: "
+          "the early transcript, started at the first pause):")
+    for (label, condition), rows in results.items():
+        sent = [r["transcript_sent"] for r in rows]
+        ready = [r["transcript_ready"] for r in rows]
+        print(f"  {label:9} {condition:9} sent {statistics.median(sent):5.2f} / {max(sent):5.2f}"
+              f"  ready {statistics.median(ready):5.2f} / {max(ready):5.2f}")
     for label, conditions in summary.items():
         ratio = conditions["loaded"]["first_audio"] / conditions["idle"]["first_audio"]
         print(f"{label}: first audio loaded/idle = {ratio:.2f} (goal ≤ 1.3)")

@@ -13,8 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fairlane import __version__
 from fairlane.policy import POLICIES
 from fairlane.runtime import host
@@ -250,11 +248,10 @@ def _tune(args: argparse.Namespace) -> int:
     profile = args.profile
     if args.calibrate:
         print(f"calibrating the cost model on this machine ({threads} threads)", flush=True)
-        data = tune.calibrate(threads, Path(args.fixtures))
         path = Path(args.out).with_suffix(".profile.yaml")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-        print(f"profile: {path}\n{yaml.safe_dump(data, sort_keys=False)}")
+        text = tune.calibrate(threads, Path(args.fixtures), path, base=args.profile)
+        path.write_text(text)
+        print(f"profile: {path}\n{text}")
         profile = str(path)
     scn = scenario(args.workload or default_workload(), profile, duration_s=args.duration)
     print(

@@ -230,7 +230,10 @@ def _actions_done(chat_log: conversation.ChatLog) -> bool:
     for content in reversed(chat_log.content):
         if not isinstance(content, conversation.ToolResultContent):
             break
-        results.append(content.tool_result)
+        result = _tool_result(content)
+        if isinstance(result, dict) and set(result) == {"data", "error"}:
+            result = result["data"] if result["error"] is None else None  # current releases
+        results.append(result)
     return bool(results) and all(
         isinstance(result, dict)
         and result.get("response_type") == intent.IntentResponseType.ACTION_DONE.value

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -9,6 +11,8 @@ from fairlane import config
 from fairlane.bench.tune import Trial, _line, config_file, search
 from fairlane.cli import main
 from fairlane.sim import default_workload, scenario
+
+SPEECH = Path(__file__).resolve().parents[1] / "fixtures" / "speech"
 
 
 def test_a_straight_line_through_the_measurements() -> None:
@@ -50,3 +54,28 @@ def test_tune_command_writes_a_config_and_every_trial(tmp_path, capsys) -> None:
     assert "Best:" in printed and "defaults:" in printed
     assert set(yaml.safe_load(out.read_text())["policy"]) >= {"slice_ms", "max_batch_tokens"}
     assert config.load(str(out))  # the server accepts it
+
+
+@pytest.mark.model
+def test_calibrate_fits_a_profile_from_this_machines_engines(tmp_path, monkeypatch) -> None:
+    """`--calibrate` times the real engines (a small sweep here) and fits a profile the way
+    `fairlane profile fit` fits the shipped ones: every LLM term, its fit error in the header,
+    the sweep kept beside it, embedding and speech terms timed, and the simulator reads it."""
+    from fairlane.bench import tune
+    from fairlane.profiles import load
+
+    monkeypatch.setattr(tune, "SWEEP", {
+        "prefill_sizes": (16, 64), "decode_sizes": (1, 2), "context_sizes": (256,),
+        "occupancy": ((1, 128),)})
+    out = tmp_path / "tuned.profile.yaml"
+    text = tune.calibrate(1, SPEECH, out)
+    out.write_text(text)
+    assert "relative error median" in text and "timed on this machine" in text
+    assert (tmp_path / "tuned.profile.engine.json").exists()  # the data it came from
+    profile, device = load(str(out))
+    assert device == "cpu"
+    assert profile.llm.prefill_token_ms > 0 and profile.llm.decode_seq_ms >= 0
+    assert profile.embed.token_ms > 0 and profile.stt.utterance_ms + profile.stt.base_ms > 0
+    data = yaml.safe_load(text)
+    assert data["fit_error"]["llm"]["points"] >= 6
+    scenario(default_workload(), str(out), duration_s=10)  # the simulator and tune take it

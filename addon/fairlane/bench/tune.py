@@ -3,9 +3,10 @@
 "The useful configuration is the highest throughput that still meets the TTFT and streaming
 targets in the interactive path." The tuner:
 
-1. **calibrates** the cost model on this machine (`--calibrate`): times the real engines (LLM
-   prefill and decode iterations, embedding batches, speech batches) and fits a cost profile
-   (the same straight lines the shipped profiles use), written as a profile YAML;
+1. **calibrates** the cost model on this machine (`--calibrate`): times the real engines (a
+   `fairlane bench engine` sweep of the LLM with KV occupancy, embedding batches, speech
+   batches) and fits a cost profile the way `fairlane profile fit` fits the shipped ones,
+   written as a profile YAML with its fit error in its header;
 2. **searches** the policy settings in the simulator on the household's workload (coordinate
    descent from the defaults over slice, batch tokens, sequences, background share, arrival
    wait, embedding batch and speech batch): among the settings whose every interactive row
@@ -18,7 +19,10 @@ targets in the interactive path." The tuner:
 
 from __future__ import annotations
 
+import json
+import shlex
 import statistics
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -58,38 +62,46 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
     return max(0.0, mean_y - slope * mean_x), max(0.0, slope)
 
 
-def calibrate(threads: int, fixtures: Path, name: str = "this-machine") -> dict[str, Any]:
-    """Time the real engines on this machine and fit a cost profile (as profile YAML data)."""
-    from fairlane.bench.llm import engine_costs
+# The sweep `--calibrate` runs: the shapes the shipped CPU profile was fitted from
+# (profiles/data/README.md), so a calibrated profile has every term of the cost model.
+SWEEP: dict[str, Any] = {
+    "prefill_sizes": (16, 64, 256, 512),
+    "decode_sizes": (1, 2, 4, 8),
+    "context_sizes": (512, 2048),
+    "occupancy": ((1, 512), (2, 1024), (4, 1024)),
+}
 
-    llm = engine_costs(threads)
-    prefill = statistics.median(llm["prefill_ms_per_token"].values())
-    decode_base, decode_seq = _line(
-        [(float(seqs), ms) for seqs, ms in llm["decode_ms_per_iteration"].items()]
-    )
+
+def calibrate(
+    threads: int, fixtures: Path, out: Path, base: str = "cpu-2core", name: str = "this-machine"
+) -> str:
+    """Time the real engines on this machine and fit a cost profile: the LLM's terms from a
+    `fairlane bench engine` sweep (kept beside the profile as `<out>.engine.json`, the data
+    `fairlane profile fit` can refit from), the embedder's and Whisper's from steps of several
+    sizes, synthesis from `base`. Returns the profile's YAML, its fit error in the header."""
+    from fairlane.bench.llm import engine_costs
+    from fairlane.policy.cost import EmbedCost, SttCost
+    from fairlane.profiles import load
+    from fairlane.profiles.fit import fit_profile
+
+    sweep = out.with_suffix(".engine.json")
+    sweep.parent.mkdir(parents=True, exist_ok=True)
+    sweep.write_text(json.dumps(engine_costs(threads, **SWEEP), indent=1))
     embed_base, embed_token = _embed_costs(threads)
     stt_base, stt_utterance = _stt_costs(threads, fixtures)
-    device = "cpu"
-    try:
-        import torch
-
-        device = "gpu" if torch.cuda.is_available() else "cpu"
-    except ImportError:
-        pass
-    return {
-        "name": name,
-        "description": f"calibrated by `fairlane tune --calibrate` with {threads} threads "
-        f"on {time.strftime('%Y-%m-%d')}",
-        "device": device,
-        "llm": {
-            "base_ms": round(decode_base, 2),
-            "prefill_token_ms": round(prefill, 3),
-            "decode_seq_ms": round(decode_seq, 2),
-            "context_token_us": 1.0,
+    start, _ = load(base)
+    text, _ = fit_profile(
+        [sweep],
+        base,
+        name,
+        f"calibrated with {threads} threads on {time.strftime('%Y-%m-%d')}",
+        command="fairlane " + shlex.join(sys.argv[1:]),
+        measured={
+            "embed": EmbedCost(round(embed_base, 2), round(embed_token, 4)),
+            "stt": SttCost(round(stt_base, 1), round(stt_utterance, 1), start.stt.audio_s_ms),
         },
-        "embed": {"base_ms": round(embed_base, 2), "token_ms": round(embed_token, 4)},
-        "stt": {"base_ms": round(stt_base, 1), "utterance_ms": round(stt_utterance, 1)},
-    }
+    )
+    return text
 
 
 def _embed_costs(threads: int) -> tuple[float, float]:

@@ -177,14 +177,18 @@ def fit_profile(
     command: str = "",
     without: tuple[str, ...] = (),
     notes: tuple[str, ...] = (),
+    measured: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """A profile's YAML (header with the command, commit and the fit's error) and the errors.
 
     The LLM terms come from the `engine_json` runs together (repeats of a sweep on a noisy
     host are fitted as one set), the embedding terms from `embed_json` when given;
     what was not measured (speech, synthesis, embeddings otherwise) is taken from the `base`
-    profile and said to be so in the header.
+    profile and said to be so in the header. `measured`: terms timed some other way
+    (`fairlane tune --calibrate` times the embedder and Whisper: {"embed": EmbedCost, "stt":
+    SttCost}), written as they are and named in the header.
     """
+    measured = measured or {}
     start, device = load(base)
     points = [p for path in engine_json for p in llm_points(json.loads(path.read_text()))]
     llm = fit_llm(points, without)
@@ -193,11 +197,11 @@ def fit_profile(
         what: summary(llm_errors(llm, [p for p in points if p.what == what]))
         for what in sorted({p.what for p in points})
     }
-    embed = start.embed
+    embed = measured.get("embed", start.embed)
     if embed_json is not None:
-        measured = embed_points(json.loads(embed_json.read_text()), embed_dtype)
-        embed = fit_embed(measured)
-        errors["embed"] = summary(embed_errors(embed, measured))
+        embed_measured = embed_points(json.loads(embed_json.read_text()), embed_dtype)
+        embed = fit_embed(embed_measured)
+        errors["embed"] = summary(embed_errors(embed, embed_measured))
     header = [
         f"{name}: {description}",
         f"Fitted by `{command or 'fairlane profile fit'}` at commit {commit()}.",
@@ -216,9 +220,18 @@ def fit_profile(
             f"Embedding terms from {embed_json.name} ({embed_dtype}): relative error median "
             f"{errors['embed']['median']:.1%}, max {errors['embed']['max']:.1%}."
         )
+    elif "embed" in measured:
+        header.append("Embedding terms: timed on this machine (fairlane tune --calibrate).")
     else:
         header.append(f"Embedding terms: not measured here, from the {base} profile.")
-    header.append(f"Speech and synthesis terms: not measured here, from the {base} profile.")
+    stt = measured.get("stt", start.stt)
+    if "stt" in measured:
+        header.append(
+            "Speech terms: timed on this machine (fairlane tune --calibrate); synthesis "
+            f"terms: from the {base} profile."
+        )
+    else:
+        header.append(f"Speech and synthesis terms: not measured here, from the {base} profile.")
     if without:
         header.append(f"Not fitted (kept at 0): {', '.join(without)}.")
     header += notes
@@ -228,7 +241,7 @@ def fit_profile(
         "device": device,
         "llm": {k: v for k, v in vars(llm).items()},
         "embed": {k: v for k, v in vars(embed).items()},
-        "stt": {k: v for k, v in vars(start.stt).items()},
+        "stt": {k: v for k, v in vars(stt).items()},
         "tts": {k: v for k, v in vars(start.tts).items()},
         "fit_error": errors,
     }
