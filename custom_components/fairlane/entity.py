@@ -232,7 +232,8 @@ def _actions_done(chat_log: conversation.ChatLog) -> bool:
             break
         result = _tool_result(content)
         if isinstance(result, dict) and set(result) == {"data", "error"}:
-            result = result["data"] if result["error"] is None else None  # current releases
+            # Current releases: `llm.ToolResult`, whose `error` is a flag.
+            result = None if result["error"] else result["data"]
         results.append(result)
     return bool(results) and all(
         isinstance(result, dict)
