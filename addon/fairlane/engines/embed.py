@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from fairlane.engines.placement import Placement, kind, onnx_placement
+from fairlane.engines.placement import Placement, kind, onnx_placement, onnx_session_options
 from fairlane.policy import EmbedPlan, SeqOutput, StepResult
 
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -130,9 +130,7 @@ class EmbeddingEngine:
         path = onnx_model(
             self.config.model_path, self.config.backend == "onnx-int8", self.config.cache_dir
         )
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = self.config.threads
-        options.inter_op_num_threads = 1
+        options = onnx_session_options(self.config.threads)
         providers = ["CPUExecutionProvider"]
         if self.config.device == "cuda":
             providers.insert(0, "CUDAExecutionProvider")

@@ -10,6 +10,7 @@ with `server.require_devices`, refuses to start.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -41,3 +42,22 @@ def onnx_placement(engine: str, asked: str, providers: list[str]) -> Placement:
     """ONNX Runtime drops a provider it cannot load and runs on what is left."""
     got = "cuda" if "CUDAExecutionProvider" in providers else "cpu"
     return Placement(engine, kind(asked), got, f"ONNX Runtime providers: {', '.join(providers)}")
+
+
+def onnx_session_options(threads: int) -> Any:
+    """ONNX Runtime's options for an engine that shares the cores with the others.
+
+    Its intra-op threads spin after each run, waiting for the next (ONNX Runtime's default).
+    The device loop runs the LLM's step next, and llama.cpp's threads then share the cores
+    with threads that have no work: a decode right after an embedding batch took 49 ms
+    against 24 ms after another decode (docs/benchmarks.md, "A decode after an embedding
+    batch"). Without the spin the embedding batch is as fast and the decode after it ~32 ms.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return options

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from fairlane.engines.numbers import ONES, number_words
-from fairlane.engines.placement import onnx_placement
+from fairlane.engines.placement import onnx_placement, onnx_session_options
 from fairlane.policy import SeqOutput, StepResult, TtsPlan
 
 MAX_SENTENCE_CHARS = 240  # a longer sentence is cut at a comma or a space: one step stays short
@@ -327,9 +327,7 @@ class PiperVoice:
             float(config.length_scale or inference.get("length_scale", 1.0)),
             float(inference.get("noise_w", 0.8)),
         )
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = config.threads
-        options.inter_op_num_threads = 1
+        options = onnx_session_options(config.threads)
         providers = ["CPUExecutionProvider"]
         if config.device.startswith("cuda"):
             providers.insert(0, "CUDAExecutionProvider")

@@ -14,10 +14,11 @@ that ran beside held cells.
 
 A profile gives each term's value, fitted from `fairlane bench engine` sweeps
 (`fairlane profile fit`, `fairlane.profiles.fit`). The real engines feed measured step times
-back through `observe()`, and a recursive least-squares fit learns one multiplier per term, so
-a device whose prefill is slower but whose decode is faster than the profile says is learned
-term by term. A multiplier the fit would move out of `PLAUSIBLE` is not a device that differs
-from its profile but a cost the model's form lacks: that update is refused for the term and
+back through `observe()`, and a least-squares fit over the recent steps, held to the profile
+where they say nothing, learns one multiplier per term, so a device whose prefill is slower but
+whose decode is faster than the profile says is learned term by term. A multiplier the fit
+would move out of `PLAUSIBLE` is not a device that differs from its profile but a cost the
+model's form lacks: predictions keep the term's last plausible multiplier and the term is
 reported (`form_errors`, in /v1/stats' `cost_fit`), not clamped silently.
 """
 
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from fairlane.policy.plan import EmbedPlan, LlmPlan, StepPlan, SttPlan
 from fairlane.policy.request import Kind
@@ -76,78 +79,68 @@ class CostProfile:
 
 @dataclass
 class OnlineFit:
-    """Recursive least squares for the multipliers of a step's cost terms, with forgetting.
+    """Exponentially weighted least squares for the multipliers of a step's cost terms, each
+    held towards the device's common scale where the recent steps say nothing about it.
 
     Each observation is divided by its own size, so the fit minimises relative error: a 2 s
-    prefill step and a 20 ms decode step count alike. A term that no recent step exercised keeps
-    its value (its variance is capped, so it cannot wind up while unobserved).
+    prefill step and a 20 ms decode step count alike. Two fits run side by side: one scale for
+    all the terms (a device uniformly 2× slower is learned exactly), and a multiplier per term,
+    pulled towards that scale with the weight of `prior` steps. Without the pull, a run of
+    steps of one shape (a summary's decodes: the base, per-sequence and context terms move
+    together) let the terms drift apart in opposite directions while their sum fitted, until
+    they sat against the plausible range and every later decode was predicted 2× wrong
+    (docs/benchmarks.md, "The online fit held to its scale").
     """
 
     size: int
     forget: float = 0.98
-    prior_var: float = 100.0  # of a multiplier, relative to the noise of one relative error
-    weights: list[float] = field(default_factory=list)
-    cov: list[list[float]] = field(default_factory=list)
-    last_proposed: list[float] = field(default_factory=list)  # the last update's proposal
+    prior: float = 0.3  # how many steps' worth of evidence the pull towards the scale weighs
+    weights: list[float] = field(default_factory=list)  # what predictions use
+    last_proposed: list[float] = field(default_factory=list)  # the fit's solution, unrefused
+    scale: float = 1.0
 
     def __post_init__(self) -> None:
         self.weights = [1.0] * self.size
         self.last_proposed = [1.0] * self.size
-        self._reset_cov()
+        self._information = np.zeros((self.size, self.size))
+        self._moment = np.zeros(self.size)
+        self._scale_moments = (0.0, 0.0)  # Σ u, Σ u² of u = the profile's prediction ÷ measured
 
     def update(self, terms: tuple[float, ...], measured: float) -> list[int]:
-        """Fold in one step; the terms whose update was refused as implausible."""
-        scale = max(measured, 1e-3)
-        x = [t / scale for t in terms]
-        y = measured / scale
-        px = [sum(row[j] * x[j] for j in range(self.size)) for row in self.cov]
-        denom = self.forget + sum(x[i] * px[i] for i in range(self.size))
-        if not math.isfinite(denom) or denom < self.forget:  # P lost its shape to rounding
-            self._reset_cov()
+        """Fold in one step; the terms whose solution was refused as implausible (they keep
+        their last plausible multiplier, and the fit keeps the evidence)."""
+        x = np.asarray(terms, dtype=float) / max(measured, 1e-3)
+        if not np.all(np.isfinite(x)):  # not evidence of anything
             return []
-        gain = [v / denom for v in px]
-        error = y - sum(w * v for w, v in zip(self.weights, x, strict=True))
-        proposed = [w + g * error for w, g in zip(self.weights, gain, strict=True)]
-        self.last_proposed = proposed
-        refused = [i for i, w in enumerate(proposed) if not PLAUSIBLE[0] <= w <= PLAUSIBLE[1]]
+        u = float(x.sum())
+        first, second = self._scale_moments
+        self._scale_moments = (self.forget * first + u, self.forget * second + u * u)
+        if self._scale_moments[1] > 0:
+            self.scale = self._scale_moments[0] / self._scale_moments[1]
+        self._information = self.forget * self._information + np.outer(x, x)
+        self._moment = self.forget * self._moment + x  # each relative target is 1.0
+        pulled = self._information + self.prior * np.eye(self.size)
+        solved = np.linalg.solve(pulled, self._moment + self.prior * self.scale)
+        self.last_proposed = solved.tolist()
+        refused = [
+            i for i, w in enumerate(self.last_proposed) if not PLAUSIBLE[0] <= w <= PLAUSIBLE[1]
+        ]
         self.weights = [
             old if i in refused else new
-            for i, (old, new) in enumerate(zip(self.weights, proposed, strict=True))
+            for i, (old, new) in enumerate(zip(self.weights, self.last_proposed, strict=True))
         ]
-        n = self.size
-        cov = [
-            [(self.cov[i][j] - gain[i] * px[j]) / self.forget for j in range(n)] for i in range(n)
-        ]
-        # Keep P symmetric and its variances positive and capped (a congruence scaling keeps
-        # it valid): a direction no recent step exercised cannot wind up, and rounding over
-        # thousands of identical steps cannot make it indefinite.
-        for i in range(n):
-            for j in range(i):
-                cov[i][j] = cov[j][i] = (cov[i][j] + cov[j][i]) / 2
-        for i in range(n):
-            if not cov[i][i] > MIN_VAR:
-                self._reset_cov()
-                return refused
-            if cov[i][i] > self.prior_var:
-                shrink = math.sqrt(self.prior_var / cov[i][i])
-                for j in range(n):
-                    cov[i][j] *= shrink
-                    cov[j][i] *= shrink
-        self.cov = cov
         return refused
 
-    def _reset_cov(self) -> None:
-        """Forget the fit's confidence, not its weights: the next steps re-learn the shape."""
-        self.cov = [
-            [self.prior_var if i == j else 0.0 for j in range(self.size)] for i in range(self.size)
-        ]
+
+def _whole(count: float) -> int:
+    """How many whole tokens fit: a budget met exactly (up to the fit's rounding) is met."""
+    return math.floor(count + 1e-9)
 
 
 # A term's multiplier beyond these is not a device that differs from its profile: the model's
 # form lacks a cost (or the profile is of another device). Such an update is refused for the
 # term and reported.
 PLAUSIBLE = (0.2, 5.0)
-MIN_VAR = 1e-12
 TERMS: dict[Kind, tuple[str, ...]] = {
     Kind.LLM: (
         "base",
@@ -281,9 +274,9 @@ class CostModel:
         if spare_ms <= 0 or linear_ms + square_ms <= 0:
             return 0
         if square_ms <= 0:
-            return math.floor(spare_ms / linear_ms)
+            return _whole(spare_ms / linear_ms)
         root = (-linear_ms + math.sqrt(linear_ms**2 + 4 * square_ms * spare_ms)) / (2 * square_ms)
-        return math.floor(root)
+        return _whole(root)
 
     def embed_tokens_within(self, budget_s: float) -> int:
         """The most padded tokens one embedding micro-batch can hold within `budget_s`."""
@@ -292,7 +285,7 @@ class CostModel:
         spare_ms = budget_s * 1000.0 - w[0] * c.base_ms
         if spare_ms <= 0 or c.token_ms <= 0:
             return 0
-        return math.floor(spare_ms / (w[1] * c.token_ms))
+        return _whole(spare_ms / (w[1] * c.token_ms))
 
     # --- learning ------------------------------------------------------------------------------
 
