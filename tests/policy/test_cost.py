@@ -91,7 +91,7 @@ def test_the_fit_follows_a_real_summary_and_stays_plausible() -> None:
     embedding batches. The old fit let the base, per-sequence and context terms drift apart
     (they move together over one sequence's decodes) until every term it needed sat against
     the plausible range; from then on each decode was predicted at 45 ms against 23 measured
-    (median error 87%). Held to the profile where the steps say nothing, it follows them."""
+    (median error 87%). Held to the device's scale where the steps say nothing, it follows them."""
     data = json.loads((FIXTURES / "llm-steps-summary-beside-embeddings.json").read_text())
     cost = CostModel(PROFILE)
     fit = cost.fits[Kind.LLM]

@@ -14,9 +14,9 @@ that ran beside held cells.
 
 A profile gives each term's value, fitted from `fairlane bench engine` sweeps
 (`fairlane profile fit`, `fairlane.profiles.fit`). The real engines feed measured step times
-back through `observe()`, and a least-squares fit over the recent steps, held to the profile
-where they say nothing, learns one multiplier per term, so a device whose prefill is slower but
-whose decode is faster than the profile says is learned term by term. A multiplier the fit
+back through `observe()`, and a least-squares fit over the recent steps, held to the device's
+common scale where they say nothing, learns one multiplier per term, so a device whose prefill
+is slower but whose decode is faster than the profile says is learned term by term. A multiplier the fit
 would move out of `PLAUSIBLE` is not a device that differs from its profile but a cost the
 model's form lacks: predictions keep the term's last plausible multiplier and the term is
 reported (`form_errors`, in /v1/stats' `cost_fit`), not clamped silently.
@@ -89,7 +89,8 @@ class OnlineFit:
     steps of one shape (a summary's decodes: the base, per-sequence and context terms move
     together) let the terms drift apart in opposite directions while their sum fitted, until
     they sat against the plausible range and every later decode was predicted 2× wrong
-    (docs/benchmarks.md, "The online fit held to its scale").
+    (docs/benchmarks.md, "The online fit held to its scale, and a decode after an embedding
+    batch").
     """
 
     size: int
@@ -103,6 +104,7 @@ class OnlineFit:
         self.weights = [1.0] * self.size
         self.last_proposed = [1.0] * self.size
         self._information = np.zeros((self.size, self.size))
+        self._pull = self.prior * np.eye(self.size)
         self._moment = np.zeros(self.size)
         self._scale_moments = (0.0, 0.0)  # Σ u, Σ u² of u = the profile's prediction ÷ measured
 
@@ -119,8 +121,9 @@ class OnlineFit:
             self.scale = self._scale_moments[0] / self._scale_moments[1]
         self._information = self.forget * self._information + np.outer(x, x)
         self._moment = self.forget * self._moment + x  # each relative target is 1.0
-        pulled = self._information + self.prior * np.eye(self.size)
-        solved = np.linalg.solve(pulled, self._moment + self.prior * self.scale)
+        solved = np.linalg.solve(
+            self._information + self._pull, self._moment + self.prior * self.scale
+        )
         self.last_proposed = solved.tolist()
         refused = [
             i for i, w in enumerate(self.last_proposed) if not PLAUSIBLE[0] <= w <= PLAUSIBLE[1]
@@ -138,8 +141,8 @@ def _whole(count: float) -> int:
 
 
 # A term's multiplier beyond these is not a device that differs from its profile: the model's
-# form lacks a cost (or the profile is of another device). Such an update is refused for the
-# term and reported.
+# form lacks a cost (or the profile is of another device). Predictions keep the term's last
+# plausible multiplier, and the term is reported.
 PLAUSIBLE = (0.2, 5.0)
 TERMS: dict[Kind, tuple[str, ...]] = {
     Kind.LLM: (
