@@ -16,10 +16,10 @@ A profile gives each term's value, fitted from `fairlane bench engine` sweeps
 (`fairlane profile fit`, `fairlane.profiles.fit`). The real engines feed measured step times
 back through `observe()`, and a least-squares fit over the recent steps, held to the device's
 common scale where they say nothing, learns one multiplier per term, so a device whose prefill
-is slower but whose decode is faster than the profile says is learned term by term. A multiplier the fit
-would move out of `PLAUSIBLE` is not a device that differs from its profile but a cost the
-model's form lacks: predictions keep the term's last plausible multiplier and the term is
-reported (`form_errors`, in /v1/stats' `cost_fit`), not clamped silently.
+is slower but whose decode is faster than the profile says is learned term by term. A
+multiplier the fit would move out of `PLAUSIBLE` is not a device that differs from its profile
+but a cost the model's form lacks: predictions keep the term's last plausible multiplier and
+the term is reported (`form_errors`, in /v1/stats' `cost_fit`), not clamped silently.
 """
 
 from __future__ import annotations
