@@ -128,6 +128,7 @@ def _bench(args: argparse.Namespace) -> int:
             tuple(args.decode_sizes),
             tuple(args.context_sizes),
             tuple(args.occupancy),
+            args.after_embed,
         )
     elif args.what == "embed":
         from fairlane.bench.embed import embed_bench, search_latency
@@ -521,6 +522,13 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         default=[],
         help="engine: NxM, a decode beside N sequences holding M KV cells each (e.g. 2x512)",
+    )
+    bench.add_argument(
+        "--after-embed",
+        type=int,
+        default=0,
+        metavar="TEXTS",
+        help="engine: a decode right after an embedding batch of TEXTS chunks (0: not timed)",
     )
     bench.add_argument(
         "--gpu-layers",

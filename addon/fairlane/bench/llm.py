@@ -56,11 +56,14 @@ def engine_costs(
     decode_sizes: tuple[int, ...] = (1, 2, 4, 8),
     context_sizes: tuple[int, ...] = (),
     occupancy: tuple[tuple[int, int], ...] = (),
+    after_embed: int = 0,
 ) -> dict[str, Any]:
     """Prefill cost per token at each chunk size, one decode iteration at each number of
     sequences, (with `context_sizes`) one sequence's decode iteration after a prompt of each
-    length, and (with `occupancy`, pairs (n, m)) one sequence's decode beside n others holding
-    m KV cells each: the terms of the cost model, on this machine. Every step is also written
+    length, (with `occupancy`, pairs (n, m)) one sequence's decode beside n others holding
+    m KV cells each, and (with `after_embed`, texts in a batch) one sequence's decode right
+    after an embedding batch beside one right after a decode: the terms of the cost model, on
+    this machine. Every step is also written
     with its shape (`points`), which `fairlane profile fit` fits the profile from. `model`:
     another GGUF than the default (the GPU evidence uses random-weight models of real
     shapes); `gpu_layers`: layers offloaded (999: all)."""
@@ -145,8 +148,65 @@ def engine_costs(
             _point("occupancy", 0, 1, position, position + others * cells, median)
         )
         print(f"  decode beside {others} sequences of {cells} cells: {median * 1000:.1f} ms")
+    if after_embed:
+        out["after_embed"] = _after_embed(engine, tokens, params, threads, after_embed, out)
     engine.close()
     return out
+
+
+AFTER_ROUNDS = 12
+EMBED_TEXT_TOKENS = 128  # a household document chunk
+
+
+def _after_embed(
+    engine: Any, tokens: list[int], params: Any, threads: int, texts: int, out: dict[str, Any]
+) -> dict[str, float]:
+    """One sequence decoding while the same device runs embedding batches between its
+    iterations, as on the server's one CPU loop: each round is a decode, a decode (timed:
+    after a decode), an embedding batch of `texts` chunks (timed) and a decode (timed: after
+    the batch). Medians over the rounds, and a point each for the profile fit."""
+    from fairlane.engines.embed import EmbedConfig, EmbeddingEngine
+    from fairlane.policy import Chunk, EmbedPlan, LlmPlan, Priority
+
+    embedder = EmbeddingEngine(
+        EmbedConfig(models.resolve_embedder(models.DEFAULT_EMBED), threads=threads)
+    )
+    chunk = embedder.tokenize([MANUAL * 4])[0][:EMBED_TEXT_TOKENS]
+    prompt = 64
+    engine.add("s", tokens[:prompt], params)
+    engine.execute(LlmPlan((Chunk("s", 0, prompt, True, False, Priority.CHAT),), (), 0.0, 0))
+    position = prompt
+    timed: dict[str, list[float]] = {"after_decode": [], "embed": [], "after_embed": []}
+
+    def decode() -> float:
+        nonlocal position
+        plan = LlmPlan((Chunk("s", position, 1, True, True, Priority.CHAT),), (), 0.0, 0)
+        position += 1
+        return float(engine.execute(plan)[0].elapsed_s)
+
+    for round_ in range(AFTER_ROUNDS):
+        decode()
+        timed["after_decode"].append(decode())
+        names = tuple(f"e{round_}-{i}" for i in range(texts))
+        for name in names:
+            embedder.add(name, chunk)
+        batch = EmbedPlan(names, Priority.BACKGROUND, texts * len(chunk), 0.0)
+        timed["embed"].append(embedder.execute(batch)[0].elapsed_s)
+        timed["after_embed"].append(decode())
+    engine.release("s")
+    medians = {what: sorted(times)[len(times) // 2] for what, times in timed.items()}
+    at = prompt + 2 * AFTER_ROUNDS  # the KV position at the middle of the rounds
+    # Both are plain decodes to the cost model (no term for the engine before): with ONNX
+    # Runtime's threads not spinning, the two cost the same on this CPU (docs/benchmarks.md).
+    for what in ("after_decode", "after_embed"):
+        out["points"].append(_point("after", 0, 1, at, at, medians[what]))
+    print(
+        f"  decode after a decode: {medians['after_decode'] * 1000:.1f} ms; embedding batch of "
+        f"{texts}×{len(chunk)} tokens: {medians['embed'] * 1000:.0f} ms; decode after it: "
+        f"{medians['after_embed'] * 1000:.1f} ms "
+        f"(+{(medians['after_embed'] - medians['after_decode']) * 1000:.1f} ms)"
+    )
+    return {f"{what}_ms": round(m * 1000, 2) for what, m in medians.items()}
 
 
 def _point(what: str, prefill: int, decodes: int, context: int, held: int, seconds: float
