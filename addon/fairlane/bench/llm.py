@@ -63,10 +63,10 @@ def engine_costs(
     length, (with `occupancy`, pairs (n, m)) one sequence's decode beside n others holding
     m KV cells each, and (with `after_embed`, texts in a batch) one sequence's decode right
     after an embedding batch beside one right after a decode: the terms of the cost model, on
-    this machine. Every step is also written
-    with its shape (`points`), which `fairlane profile fit` fits the profile from. `model`:
-    another GGUF than the default (the GPU evidence uses random-weight models of real
-    shapes); `gpu_layers`: layers offloaded (999: all)."""
+    this machine. Every step is also written with its shape (`points`), which `fairlane
+    profile fit` fits the profile from. `model`: another GGUF than the default (the GPU
+    evidence uses random-weight models of real shapes); `gpu_layers`: layers offloaded (999:
+    all)."""
     from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams
     from fairlane.policy import Chunk, LlmPlan, Priority
 
