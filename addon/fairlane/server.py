@@ -162,10 +162,12 @@ async def _close_remotes(app: web.Application) -> None:
 
 
 @operation(
-    "Liveness (no auth), answered from memory: status (degraded when an engine did not get the "
+    "Liveness (no auth), answered from memory: status (failed, with HTTP 503, when a device "
+    "loop stopped on a fault: faults says which and why; degraded when an engine did not get the "
     "device asked for, a component is retrying or a remote lane's breaker is not closed), "
     "devices, components (indexer, summariser: state, error, failures), remotes (state, "
     "failures, error), version, instance_id (stable per data directory), models, Wyoming port",
+    ok={200: "Running (ok or degraded)", 503: "A device loop stopped on a fault (failed)"},
     errors=(),
     public=True,
 )
@@ -176,18 +178,24 @@ async def health(request: web.Request) -> web.Response:
     devices = {p.engine: p.as_dict() for p in svc.placements}
     components = {name: c.as_dict() for name, c in svc.components.items()}
     remotes = {lane.name: lane.health() for lane in svc.remotes}
+    faults = svc.device.faults()
     healthy = (
         all(p.ok for p in svc.placements)
         and all(c.state != "retrying" for c in svc.components.values())
         and all(r["state"] == "closed" for r in remotes.values())
     )
+    status = "failed" if faults else "ok" if healthy else "degraded"
     return web.json_response(
         {
+            # "failed" (HTTP 503): a device loop stopped on a fault (`faults`); its requests
+            # were ended and new ones are refused until a restart, which the add-on's watchdog
+            # does on a failing /health.
             # "degraded": an engine runs on another device than the one asked for, a part
             # (the indexer, the summariser) failed and is being retried, or a remote lane's
             # breaker is not closed (`remotes`); the server still answers, so this is a 200
             # (a watchdog's restart would not help).
-            "status": "ok" if healthy else "degraded",
+            "status": status,
+            "faults": faults,
             "devices": devices,
             "components": components,
             "remotes": remotes,
@@ -200,7 +208,8 @@ async def health(request: web.Request) -> web.Response:
                 "tts": svc.voice.voices[0] if svc.voice else None,
             },
             "wyoming_port": svc.wyoming_port,
-        }
+        },
+        status=503 if faults else 200,
     )
 
 
@@ -248,12 +257,13 @@ async def stats(request: web.Request) -> web.Response:
     body["steps_window_s"] = window_s
     body["prediction_error"] = prediction_error(records, now, window_s)
     body["host_overhead"] = host_overhead(records, now, window_s)
-    # Background steps beside the slice each loop's policy bounds them by.
+    # Background steps beside the slice each loop's policy bounds them by. A copy of each
+    # loop's records (one C call, atomic): its thread appends to them while this runs.
     body["background_steps"] = {
         name: figures
         for name, loop in svc.device.loops.items()
         for figures in background_steps(
-            loop.records, now, loop.policy.config.slice_s, window_s
+            list(loop.records), now, loop.policy.config.slice_s, window_s
         ).values()
     }
     if svc.remotes:

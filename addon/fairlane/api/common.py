@@ -194,7 +194,12 @@ def request_deadline(request: web.Request, body: dict[str, Any]) -> float | None
 
 def refused(admission: Admission) -> ApiError:
     """Admission control's answer for the client: 429 when a retry may succeed (a full queue,
-    a deadline the backlog cannot meet), 400 when it never will (too large)."""
+    a deadline the backlog cannot meet), 400 when it never will (too large), 503 when nothing
+    of its kind can run until the server restarts (its device loop stopped on a fault)."""
+    if admission.unavailable:
+        return ApiError(
+            503, f"request refused: {admission.reason}", kind="server_error", code="device_failed"
+        )
     if admission.retryable:
         # When to try again: after the predicted wait, or in a second for a full queue.
         retry_s = max(1, math.ceil(admission.predicted_wait_s))

@@ -29,7 +29,8 @@ ERROR_TEXT = {
     415: "A document type the server cannot read",
     429: "Refused by admission control (queue full, deadline); see Retry-After",
     502: "A remote lane's engine failed (remote_failed)",
-    503: "A remote lane's circuit breaker is open (remote_unavailable); see Retry-After",
+    503: "A device loop stopped on a fault until the server restarts (device_failed), or a "
+    "remote lane's circuit breaker is open (remote_unavailable; see Retry-After)",
     504: "A remote lane's engine sent nothing within its timeout (remote_timeout)",
     507: "The server's disk is full; nothing was stored",
 }

@@ -26,7 +26,7 @@ import numpy as np
 
 from fairlane.engines.native import import_llama_cpp
 from fairlane.engines.placement import Placement
-from fairlane.policy import LlmPlan, SeqOutput, StepResult
+from fairlane.policy import LlmPlan, Priority, SeqOutput, StepResult
 
 lc = import_llama_cpp()
 
@@ -81,7 +81,7 @@ class Sequence:
     # The entry it was admitted to start from (kept after the pin goes, for the cache's
     # bookkeeping when it finishes).
     started_from: CachedPrefix | None = None
-    interactive: bool = True  # its class, from its chunks (voice or chat; not background)
+    priority: Priority = Priority.CHAT  # its class, from its chunks
     rng: np.random.Generator = field(default_factory=np.random.default_rng)  # its draws
 
     @property
@@ -98,7 +98,10 @@ class CachedPrefix:
     used_at: float
     pins: int = 0  # sequences admitted to start from it, until they are released
     hits: int = 0  # prompts that started from it (Home Assistant's system prompt: many)
-    interactive: bool = True  # stored by a voice or chat turn (a background one: False)
+    # The most leading tokens a prompt took from it: Home Assistant's system prompt and
+    # tools, where the rest is the turn that stored it. Making room trims an entry to this.
+    shared: int = 0
+    priority: Priority = Priority.CHAT  # the class of the turn that stored it
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ class EngineConfig:
     # way (Home Assistant's system prompt and tools, the second call of a tool turn). They are
     # outside the policy's KV budget, which is n_ctx minus these. 0: no prefix cache.
     prefix_cache_tokens: int = 0
-    prefix_cache_slots: int = 2
+    prefix_cache_slots: int = 4
 
 
 # A shorter common prefix is not worth a cache lookup's bookkeeping.
@@ -403,6 +406,7 @@ class LlamaEngine:
             if entry is not None:
                 entry.pins += 1
                 entry.hits += 1
+                entry.shared = max(entry.shared, reused)
                 entry.used_at = time.monotonic()
                 seq.reuse, seq.reuse_tokens, seq.started_from = entry, reused, entry
         self.sequences[request_id] = seq
@@ -477,13 +481,19 @@ class LlamaEngine:
         An entry they extend is superseded, and so is the entry the sequence started from when
         it reused most of it (Home Assistant's system prompt and an earlier turn's unique words:
         the new entry holds the same system prompt, and the latest turn); their hits carry
-        over. Room is then made from the least valuable entries first: a background turn's,
-        then one no prompt has reused, then the least recently used. A background turn (a
-        summary of a unique document) may only replace another background turn's entry that
-        nobody reused: it must not push out Home Assistant's system prompt. Entries that
-        sequences are about to start from (pinned) always stay.
+        over. Room is then made in this order:
+        1. entries not worth keeping go: a background turn's, then one no prompt has reused,
+           or whose reused part another entry (or the new one) holds too;
+        2. the entries left are each the only copy of something prompts reuse: their turns'
+           own words are trimmed (the shared part stays);
+        3. only then does one of those go, the least urgent class first, then the least
+           recently used, and only for a turn of the same or a more urgent class: a chat
+           turn never pushes out the system prompt every spoken command starts from.
+        A background turn (a summary of a unique document) may only replace a background
+        entry not worth keeping. Entries that sequences are about to start from (pinned)
+        always stay. With no room left, the new tokens are not kept.
         """
-        hits = 0
+        hits = shared = 0
         superseded = [e for e in self.cache if _common_prefix(e.tokens, tokens) == len(e.tokens)]
         started_from = seq.started_from
         if (
@@ -495,6 +505,7 @@ class LlamaEngine:
         for entry in superseded:
             if entry.pins == 0 and entry in self.cache:
                 hits = max(hits, entry.hits)
+                shared = max(shared, min(entry.shared, _common_prefix(entry.tokens, tokens)))
                 self._evict(entry)
 
         def has_room() -> bool:
@@ -502,24 +513,63 @@ class LlamaEngine:
                 sum(len(e.tokens) for e in self.cache) + len(tokens) <= budget
             )
 
-        def may_replace(entry: CachedPrefix) -> bool:
+        def kept(entry: CachedPrefix) -> bool:
+            """Reused, and the only holder of what prompts took from it (Home Assistant's
+            system prompt); a chat prompt that another entry, or the new one, holds too is
+            worth one of them."""
+            return entry.hits > 0 and not any(
+                _common_prefix(entry.tokens, other) >= entry.shared
+                for other in [tokens, *(e.tokens for e in self.cache if e is not entry)]
+            )
+
+        def may_evict(entry: CachedPrefix) -> bool:
             if entry.pins:
                 return False
-            return seq.interactive or (not entry.interactive and entry.hits == 0)
+            if seq.priority is Priority.BACKGROUND:
+                return entry.priority is Priority.BACKGROUND and not kept(entry)
+            return not kept(entry) or seq.priority <= entry.priority
 
-        for entry in sorted(self.cache, key=lambda e: (e.interactive, e.hits > 0, e.used_at)):
-            if has_room():
-                break
-            if may_replace(entry):
-                self._evict(entry)
-        if not has_room():
-            return  # what is cached is worth more than this sequence's tokens: keep it
+        def may_trim(entry: CachedPrefix) -> bool:
+            return (
+                not entry.pins
+                and entry.shared < len(entry.tokens)
+                and (seq.priority.interactive or entry.priority is Priority.BACKGROUND)
+                and kept(entry)
+            )
+
+        while not has_room():
+            # Least valuable first: background, not kept, the less urgent class, the oldest.
+            order = sorted(
+                self.cache, key=lambda e: (e.priority.interactive, kept(e), -e.priority, e.used_at)
+            )
+            spare = [e for e in order if may_evict(e) and not kept(e)]
+            trims = [e for e in order if may_trim(e)] if self.cache_ids else []
+            valued = [e for e in order if may_evict(e)]
+            if spare:
+                victim = spare[0]
+                if victim.hits and _common_prefix(victim.tokens, tokens) >= victim.shared:
+                    # The new entry holds all that prompts took from it: its hits carry over.
+                    hits, shared = max(hits, victim.hits), max(shared, victim.shared)
+                self._evict(victim)
+            elif trims:  # short of cells, not of entries: the turns' own words go first
+                self._trim(trims[0])
+            elif valued:
+                self._evict(valued[0])
+            else:
+                return  # what is cached is worth more than this sequence's tokens: keep it
         assert seq.seq_id is not None
         cache_id = self.cache_ids.pop()
         lc.llama_memory_seq_cp(self.memory, seq.seq_id, cache_id, 0, len(tokens))
-        entry = CachedPrefix(cache_id, tokens, time.monotonic(), hits=hits)
-        entry.interactive = seq.interactive
+        entry = CachedPrefix(
+            cache_id, tokens, time.monotonic(), hits=hits, shared=shared, priority=seq.priority
+        )
         self.cache.append(entry)
+
+    def _trim(self, entry: CachedPrefix) -> None:
+        """Keep only the leading tokens that prompts took from the entry (its cells past them
+        go): the system prompt stays, the words of the turn that stored it do not."""
+        lc.llama_memory_seq_rm(self.memory, entry.seq_id, entry.shared, -1)
+        del entry.tokens[entry.shared :]
 
     def _evict(self, entry: CachedPrefix) -> None:
         lc.llama_memory_seq_rm(self.memory, entry.seq_id, -1, -1)
@@ -564,7 +614,7 @@ class LlamaEngine:
         positions: list[int] = []  # where each one's last token sits in the batch
         for chunk in plan.chunks:
             seq = self.sequences[chunk.request_id]
-            seq.interactive = chunk.priority.interactive
+            seq.priority = chunk.priority
             if seq.seq_id is None:
                 seq.seq_id = self.free_ids.pop()
             if chunk.start == 0:  # a fresh start or a recompute: no stale cells

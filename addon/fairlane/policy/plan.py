@@ -129,10 +129,13 @@ class Admission:
     """The answer to `add()`: accepted, or refused at once with a reason a person can read.
 
     `retryable` tells the client whether the same request may succeed later (a full queue, a
-    deadline the backlog cannot meet: HTTP 429) or never will (too large: HTTP 400).
+    deadline the backlog cannot meet: HTTP 429) or never will (too large: HTTP 400);
+    `unavailable`, that no request of its kind can run until the server restarts (its device
+    loop stopped on a fault: HTTP 503).
     """
 
     accepted: bool
     reason: str = ""
     predicted_wait_s: float = 0.0
     retryable: bool = True
+    unavailable: bool = False

@@ -116,6 +116,9 @@ class DeviceLoop:
         self._kinds: dict[str, Kind] = {}
         self._release: list[tuple[Kind, str]] = []
         self._stopping = False
+        # Why the loop stopped on a fault (None while it runs): its requests were ended, new
+        # ones are refused (HTTP 503) and /health fails, so a watchdog restarts the server.
+        self.fault: str | None = None
         self._planning_s = 0.0  # the last plan's: expiring, releasing and scheduling
         self._handoff_s = 0.0  # the last step's: its tokens handed to their streams
         self._thread = threading.Thread(target=self._run, name=f"fairlane-{name}", daemon=True)
@@ -140,6 +143,8 @@ class DeviceLoop:
         then plans the prefill from there.
         """
         with self._wake:
+            if self.fault is not None:
+                return self._stopped()
             request.computed_tokens = request.cached_tokens = register() or 0
             request.arrival = self.clock()
             admission = self.policy.add(request, request.arrival)
@@ -158,7 +163,15 @@ class DeviceLoop:
         Without the lock: it only reads queue lengths, a stale answer costs nothing (`submit`
         asks the policy again under the lock), and under overload the loop thread holds the
         lock often enough that taking it for every refusal stalls the event loop."""
+        if self.fault is not None:
+            return self._stopped()
         return self.policy.quick_refusal(priority)
+
+    def _stopped(self) -> Admission:
+        return Admission(
+            False, f"the {self.name} device loop stopped ({self.fault}); the server must be "
+            "restarted", retryable=False, unavailable=True,
+        )
 
     def cancel(self, request_id: str) -> bool:
         """Drop a request; a running sequence leaves at the next iteration, its KV freed.
@@ -193,40 +206,63 @@ class DeviceLoop:
     # --- the loop thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            plan = self._next_plan()
-            if plan is None:
-                return
-            start = self.clock()
-            try:
-                result, events = self._execute(plan)
-            except Exception as err:  # an engine failure must not kill the loop
-                _LOGGER.exception("device step failed")
-                self._fail(plan, str(err))
-                continue
-            end = self.clock()
-            with self._lock:
-                finished = self.policy.update_from_output(plan, result, end)
-                self._report_form_errors()
-                # Host work: planning, the engine's outside its device call, applying the
-                # outputs, and the last step's hand-off of tokens (recorded before this
-                # step's hand-off, so a stream's last token never precedes its step's record).
-                device_s = result.device_s if result.device_s is not None else end - start
-                handed = self.clock()
-                host_s = self._planning_s + (end - start - device_s) + (handed - end)
-                record = _record(plan, start, end, self.name, host_s + self._handoff_s, device_s)
-                self.records.append(record)
-                self.busy_s += end - start
-                for label in {p.label for p in record.classes}:
-                    self.class_busy_s[label] += end - start
-                if any(p.interactive for p in record.classes):
-                    self.interactive_busy_s += end - start
-                self._hand_off(events)
-                for request in finished:
-                    self._sinks.pop(request.id, None)
-                    self._kinds.pop(request.id, None)
-                    self.engines[request.kind].release(request.id)
-                self._handoff_s = self.clock() - handed
+        try:
+            while self._step():
+                pass
+        except Exception as err:  # a fault outside the engines: the policy, the bookkeeping
+            _LOGGER.critical("%s: the device loop stopped", self.name, exc_info=True)
+            self._halt(f"{type(err).__name__}: {err}")
+
+    def _halt(self, message: str) -> None:
+        """The loop cannot go on (its policy's state is no longer to be trusted): every request
+        it holds ends with an error, new ones are refused, and /health says so, so that a
+        watchdog restarts the server rather than every client waiting for tokens forever."""
+        with self._lock:
+            self.fault = message
+            for request_id, kind in list(self._kinds.items()):
+                try:
+                    self._end(request_id, kind, f"error: the {self.name} loop stopped ({message})")
+                except Exception:  # the engine's own state may be what broke
+                    _LOGGER.exception("%s: ending %s after the fault", self.name, request_id)
+            self._sinks.clear()
+            self._kinds.clear()
+
+    def _step(self) -> bool:
+        """Plan, run and apply one step; False once the loop is stopping."""
+        plan = self._next_plan()
+        if plan is None:
+            return False
+        start = self.clock()
+        try:
+            result, events = self._execute(plan)
+        except Exception as err:  # an engine failure must not kill the loop
+            _LOGGER.exception("device step failed")
+            self._fail(plan, str(err))
+            return True
+        end = self.clock()
+        with self._lock:
+            finished = self.policy.update_from_output(plan, result, end)
+            self._report_form_errors()
+            # Host work: planning, the engine's outside its device call, applying the outputs,
+            # and the last step's hand-off of tokens (recorded before this step's hand-off, so
+            # a stream's last token never precedes its step's record).
+            device_s = result.device_s if result.device_s is not None else end - start
+            handed = self.clock()
+            host_s = self._planning_s + (end - start - device_s) + (handed - end)
+            record = _record(plan, start, end, self.name, host_s + self._handoff_s, device_s)
+            self.records.append(record)
+            self.busy_s += end - start
+            for label in {p.label for p in record.classes}:
+                self.class_busy_s[label] += end - start
+            if any(p.interactive for p in record.classes):
+                self.interactive_busy_s += end - start
+            self._hand_off(events)
+            for request in finished:
+                self._sinks.pop(request.id, None)
+                self._kinds.pop(request.id, None)
+                self.engines[request.kind].release(request.id)
+            self._handoff_s = self.clock() - handed
+        return True
 
     def _hand_off(self, events: list[Any]) -> None:
         """Each event to its request's sink; the sinks that live on an asyncio event loop get
@@ -375,6 +411,10 @@ class Devices:
 
     def cancel(self, request_id: str) -> bool:
         return any(loop.cancel(request_id) for loop in self.loops.values())
+
+    def faults(self) -> dict[str, str]:
+        """The loops that stopped on a fault, and why (empty while all run)."""
+        return {name: loop.fault for name, loop in self.loops.items() if loop.fault is not None}
 
     def snapshot(self) -> dict[str, object]:
         """Queues summed over the loops; the KV cache and cost fit are the LLM loop's."""
