@@ -85,7 +85,7 @@ async def delete_document(request: web.Request) -> web.Response:
 
 @operation(
     "The passages nearest in meaning to a query (class chat by default)",
-    errors=(400, 401, 429),
+    errors=(400, 401, 429, 503),
     json=SEARCH_REQUEST,
     class_header=True,
 )

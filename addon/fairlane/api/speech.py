@@ -84,7 +84,7 @@ async def read_transcription(request: web.Request) -> Transcription:
     "Transcribe one utterance (class voice by default); WAV, FLAC, MP3, OGG or raw 16-bit PCM "
     "(audio/pcm with sample_rate); at most 120 s",
     ok={200: "The transcript (json, text or verbose_json)"},
-    errors=(400, 401, 409, 413, 429),
+    errors=(400, 401, 409, 413, 429, 503),
     form=TRANSCRIPTION_FORM,
     file="the audio",
     class_header=True,

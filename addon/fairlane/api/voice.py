@@ -102,7 +102,7 @@ async def voices(request: web.Request) -> web.Response:
     "Speak a text (class voice by default); stream_format audio or sse sends each sentence as "
     "soon as it is synthesised",
     ok={200: "The audio, or text/event-stream of speech.audio.*"},
-    errors=(400, 401, 409, 413, 429),
+    errors=(400, 401, 409, 413, 429, 503),
     json=SPEECH_SCHEMA,
     class_header=True,
 )
