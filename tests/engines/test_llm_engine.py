@@ -275,28 +275,38 @@ def test_turns_of_two_kinds_keep_both_system_prompts_in_a_two_entry_cache() -> N
         engine.close()
 
 
+# A household's cache under pressure: 200 tokens, Home Assistant's system prompt reused by two
+# spoken commands, then the teen's long text pasted under the chat prompt.
+CHAT_PROMPT = "You are a helpful family chat assistant. Keep answers short and kind. " * 2
+PASTED = "Here is my essay about the history of the bicycle in our town. " * 6
+
+
+def _busy_household_cache() -> LlamaEngine:
+    cached = LlamaEngine(EngineConfig(models.resolve_llm("gemma-3-270m"), n_ctx=2048,
+                                      n_seq_max=4, n_batch=256, prefix_cache_tokens=200))
+    _complete(cached, "voice-warm", HOUSE + "Hello.")
+    house = len(cached.tokenize(HOUSE, add_special=True)) - 2
+    assert _complete(cached, "voice-1", HOUSE + "Lamp one on.")[0] >= house
+    _complete(cached, "teen", CHAT_PROMPT + PASTED + "Fix the grammar.", Priority.CHAT)
+    return cached
+
+
 def test_a_chat_turn_that_shares_only_the_system_prompt_does_not_push_out_the_voice_one() -> None:
     """Found by `bench family` (150-s phases): the teen pasted a long text under the chat
     prompt, then a parent's short chat turn took only the chat prompt from that entry (less
     than half of it, so it did not replace it) and was stored beside it; with the cache full,
     the least recently used entry went: Home Assistant's system prompt, reused by every spoken
-    command. The next three commands prefilled it again (first token 10-17 s, not 1 s). Room
-    is now made by trimming reused entries to what prompts took from them first."""
-    engine = LlamaEngine(EngineConfig(models.resolve_llm("gemma-3-270m"), n_ctx=2048,
-                                      n_seq_max=4, n_batch=256, prefix_cache_tokens=200))
-    chat_prompt = "You are a helpful family chat assistant. Keep answers short and kind. " * 2
-    pasted = "Here is my essay about the history of the bicycle in our town. " * 6
+    command. The next three commands prefilled it again (first token 10-17 s, not 1 s). An
+    entry whose reused part another entry (here the parent's) holds too now goes first."""
+    engine = _busy_household_cache()
     try:
         house = len(engine.tokenize(HOUSE, add_special=True)) - 2
-        _complete(engine, "voice-warm", HOUSE + "Hello.")
-        assert _complete(engine, "voice-1", HOUSE + "Lamp one on.")[0] >= house
-        _complete(engine, "teen", chat_prompt + pasted + "Fix the grammar.", Priority.CHAT)
-        shared = len(engine.tokenize(chat_prompt, add_special=True)) - 2
-        parent = _complete(engine, "parent", chat_prompt + "Dinner ideas?", Priority.CHAT)
+        shared = len(engine.tokenize(CHAT_PROMPT, add_special=True)) - 2
+        parent = _complete(engine, "parent", CHAT_PROMPT + "Dinner ideas?", Priority.CHAT)
         assert parent[0] >= shared
         assert sum(len(e.tokens) for e in engine.cache) <= 200
         assert _complete(engine, "voice-2", HOUSE + "Lamp two off.")[0] >= house
-        assert _complete(engine, "parent-2", chat_prompt + "Lunch?", Priority.CHAT)[0] >= shared
+        assert _complete(engine, "parent-2", CHAT_PROMPT + "Lunch?", Priority.CHAT)[0] >= shared
     finally:
         engine.close()
 
@@ -307,17 +317,11 @@ def test_room_is_made_by_trimming_each_entry_to_what_prompts_took_from_it(
     """Every entry is some prompt's only copy of a system prompt: a third one is kept by
     dropping the turns' own words from the others (their cells past the shared part), and a
     prompt that starts from a trimmed entry answers as if nothing had been cached."""
-    cached = LlamaEngine(EngineConfig(models.resolve_llm("gemma-3-270m"), n_ctx=2048,
-                                      n_seq_max=4, n_batch=256, prefix_cache_tokens=200))
-    chat_prompt = "You are a helpful family chat assistant. Keep answers short and kind. " * 2
-    pasted = "Here is my essay about the history of the bicycle in our town. " * 6
     guest = "You answer the guests' questions about the house rules and the wifi. " * 3
+    cached = _busy_household_cache()
     try:
-        _complete(cached, "voice-warm", HOUSE + "Hello.")
-        _complete(cached, "voice-1", HOUSE + "Lamp one on.")
-        _complete(cached, "teen", chat_prompt + pasted + "Fix the grammar.", Priority.CHAT)
         # A prompt takes the chat prompt from the teen's entry, then leaves (cancelled).
-        prompt = cached.tokenize(chat_prompt + "Dinner?", add_special=True)
+        prompt = cached.tokenize(CHAT_PROMPT + "Dinner?", add_special=True)
         assert cached.add("gone", prompt, SHORT) > 0
         cached.release("gone")
         full = {len(e.tokens) for e in cached.cache}
@@ -325,13 +329,13 @@ def test_room_is_made_by_trimming_each_entry_to_what_prompts_took_from_it(
         assert len(cached.cache) == 3 and sum(len(e.tokens) for e in cached.cache) <= 200
         assert {len(e.tokens) for e in cached.cache} - full  # something was trimmed
         house = len(cached.tokenize(HOUSE, add_special=True)) - 2
-        shared = len(cached.tokenize(chat_prompt, add_special=True)) - 2
+        shared = len(cached.tokenize(CHAT_PROMPT, add_special=True)) - 2
         reused, _, out = _complete(cached, "voice-2", HOUSE + "Lamp two off.")
         assert reused >= house
         assert out == _complete(engine, "plain-voice", HOUSE + "Lamp two off.")[2]
-        reused, _, out = _complete(cached, "parent", chat_prompt + "Lunch?", Priority.CHAT)
+        reused, _, out = _complete(cached, "parent", CHAT_PROMPT + "Lunch?", Priority.CHAT)
         assert reused >= shared
-        assert out == _complete(engine, "plain-chat", chat_prompt + "Lunch?", Priority.CHAT)[2]
+        assert out == _complete(engine, "plain-chat", CHAT_PROMPT + "Lunch?", Priority.CHAT)[2]
     finally:
         cached.close()
 
@@ -341,19 +345,13 @@ def test_a_chat_turn_never_pushes_out_the_system_prompt_spoken_commands_reuse() 
     from the teen's entry (pinned), so the teen's next short turn, to be kept, trimmed and then
     evicted Home Assistant's system prompt (reused six times). The entries prompts reuse now
     go only for a turn of the same or a more urgent class."""
-    cached = LlamaEngine(EngineConfig(models.resolve_llm("gemma-3-270m"), n_ctx=2048,
-                                      n_seq_max=4, n_batch=256, prefix_cache_tokens=200))
-    chat_prompt = "You are a helpful family chat assistant. Keep answers short and kind. " * 2
-    pasted = "Here is my essay about the history of the bicycle in our town. " * 6
+    cached = _busy_household_cache()
     try:
         house = len(cached.tokenize(HOUSE, add_special=True)) - 2
-        _complete(cached, "voice-warm", HOUSE + "Hello.")
-        _complete(cached, "voice-1", HOUSE + "Lamp one on.")
-        _complete(cached, "teen", chat_prompt + pasted + "Fix the grammar.", Priority.CHAT)
         # The parent's chat starts from the teen's entry and is still running (pinned).
-        prompt = cached.tokenize(chat_prompt + "Dinner?", add_special=True)
+        prompt = cached.tokenize(CHAT_PROMPT + "Dinner?", add_special=True)
         assert cached.add("parent", prompt, SHORT) > 0
-        _complete(cached, "teen-2", chat_prompt + "And a title?", Priority.CHAT)
+        _complete(cached, "teen-2", CHAT_PROMPT + "And a title?", Priority.CHAT)
         assert sum(len(e.tokens) for e in cached.cache) <= 200
         assert _complete(cached, "voice-2", HOUSE + "Lamp two off.")[0] >= house
         cached.release("parent")

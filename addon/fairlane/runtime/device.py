@@ -219,11 +219,14 @@ class DeviceLoop:
         watchdog restarts the server rather than every client waiting for tokens forever."""
         with self._lock:
             self.fault = message
-            for request_id, kind in list(self._kinds.items()):
+            reason = f"error: the {self.name} loop stopped ({message})"
+            for request_id, sink in self._sinks.items():
+                sink(TokenEvent(request_id, "", reason))  # the client first: it must not hang
+            for request_id, kind in self._kinds.items():
                 try:
-                    self._end(request_id, kind, f"error: the {self.name} loop stopped ({message})")
+                    self.engines[kind].release(request_id)
                 except Exception:  # the engine's own state may be what broke
-                    _LOGGER.exception("%s: ending %s after the fault", self.name, request_id)
+                    _LOGGER.exception("%s: releasing %s after the fault", self.name, request_id)
             self._sinks.clear()
             self._kinds.clear()
 
