@@ -93,13 +93,14 @@ def test_with_nobody_talking_background_steps_grow_to_the_arrival_wait() -> None
     policy.add(llm("doc", BACKGROUND, prompt=8000, max_tokens=4), 0.0)
     plan, _, now = step(policy, 0.0)
     assert isinstance(plan, LlmPlan)
-    assert 0.1 < plan.predicted_s <= 0.125 + 1e-9
+    assert 0.1 < plan.predicted_s <= 0.125 + 1e-9 and plan.budget_s == pytest.approx(0.125)
     assert chunk_of(plan, "doc").num_tokens > 2 * 380  # vs 380 tokens in a 50 ms slice
     policy.add(llm("chat", CHAT, prompt=100), now)
     plan, _, now = step(policy, now)
     assert "chat" in ids(plan)
     plan, _, now = step(policy, now)
     assert isinstance(plan, LlmPlan) and plan.predicted_s <= 0.050 + 1e-9
+    assert plan.budget_s is not None and plan.budget_s <= 0.050
 
 
 def test_while_a_conversation_goes_on_background_keeps_to_the_slice() -> None:

@@ -46,14 +46,18 @@ def test_only_the_last_five_minutes_count() -> None:
 
 
 def test_background_steps_are_those_without_interactive_work_beside_the_slice() -> None:
-    def ran(kind: Kind, start: float, took: float, *classes: Priority) -> StepRecord:
-        return StepRecord(start, start + took, kind, ("r",), (), classes, 0, 1, took, "cpu")
+    def ran(
+        kind: Kind, start: float, took: float, *classes: Priority, budget: float | None = 0.05
+    ) -> StepRecord:
+        return StepRecord(
+            start, start + took, kind, ("r",), (), classes, 0, 1, took, "cpu", budget_s=budget
+        )
 
     records = [
         ran(Kind.LLM, 100.0, 0.040, Priority.BACKGROUND),
         ran(Kind.LLM, 101.0, 0.060, Priority.BACKGROUND),
         ran(Kind.LLM, 102.0, 0.500, Priority.BACKGROUND, Priority.VOICE),  # carried a voice turn
-        ran(Kind.EMBED, 103.0, 0.100, Priority.BACKGROUND),
+        ran(Kind.EMBED, 103.0, 0.100, Priority.BACKGROUND, budget=None),
         ran(Kind.LLM, 104.0, 0.900, Priority.CHAT),
         ran(Kind.LLM, 10.0, 0.900, Priority.BACKGROUND),  # before the window
     ]
@@ -61,5 +65,24 @@ def test_background_steps_are_those_without_interactive_work_beside_the_slice() 
     llm = steps["cpu"]["llm"]
     assert llm["steps"] == 2 and llm["p50_ms"] == 50.0
     assert llm["p95_ms"] == pytest.approx(59.0) and llm["p95_over_slice"] == pytest.approx(1.18)
+    assert llm["sliced"]["steps"] == 2 and llm["p95_over_budget"] == pytest.approx(1.18)
     assert steps["cpu"]["embed"] == {
-        "steps": 1, "p50_ms": 100.0, "p95_ms": 100.0, "p95_over_slice": 2.0}
+        "steps": 1, "p50_ms": 100.0, "p95_ms": 100.0, "p95_over_slice": 2.0,
+        "sliced": {"steps": 0, "p50_ms": None, "p95_ms": None, "p95_over_slice": None},
+        "p95_over_budget": None,
+    }
+
+
+def test_steps_planned_while_nobody_talks_are_told_apart_from_sliced_ones() -> None:
+    """A background step may grow to the arrival wait when nobody is talking: it counts
+    against the slice in the overall figure, but not among the steps planned to a slice, and
+    against its own bound it ran as planned."""
+    records = [
+        StepRecord(100.0 + i, 100.0 + i + took, Kind.LLM, ("r",), (), (Priority.BACKGROUND,),
+                   8, 0, took, "cpu", budget_s=budget)
+        for i, (took, budget) in enumerate([(0.045, 0.05), (0.055, 0.05), (0.9, 1.0), (0.95, 1.0)])
+    ]
+    llm = background_steps(records, now=110.0, slice_s=0.05, window_s=60.0)["cpu"]["llm"]
+    assert llm["steps"] == 4 and llm["p95_over_slice"] > 18
+    assert llm["sliced"]["steps"] == 2 and llm["sliced"]["p95_over_slice"] == pytest.approx(1.09)
+    assert llm["p95_over_budget"] == pytest.approx(1.078)  # 0.9, 0.9, 0.95, 1.1

@@ -81,13 +81,18 @@ def format_prediction(reports: list[dict[str, Any]]) -> str:
 
 def format_background_steps(reports: list[dict[str, Any]]) -> str:
     """Per Fairlane server and phase: background-only steps' p50 / p95 (ms) and the p95 over
-    the slice, per engine kind; and the LLM loop's busy share (all steps / interactive ones)."""
-    lines = ["background steps p50/p95 ms (p95 / slice); LLM loop busy: all / interactive"]
+    the slice, per engine kind, then the same for the steps planned to the slice or less
+    (someone was talking) and the p95 of each step over its own time bound; and the LLM loop's
+    busy share (all steps / interactive ones)."""
+    lines = [
+        "background steps p50/p95 ms (p95 / slice) | planned to a slice: n, p95 ms (p95 / slice)"
+        " | p95 over own bound; LLM loop busy: all / interactive"
+    ]
     for report in reports:
         if report.get("device_busy") is None:
             continue
         cells = "  ".join(
-            f"{kind} {_f(f['p50_ms'])}/{_f(f['p95_ms'])} ({_f(f['p95_over_slice'], '.2f')}x)"
+            _background_cell(kind, f)
             for device, kinds in sorted(report.get("background_steps", {}).items())
             for kind, f in sorted(kinds.items())
         )
@@ -95,6 +100,17 @@ def format_background_steps(reports: list[dict[str, Any]]) -> str:
         busy = f"busy {report['device_busy']:.0%} / {report['interactive_busy']:.0%}"
         lines.append(f"{where}  {busy}  {cells or '-'}")
     return "\n".join(lines)
+
+
+def _background_cell(kind: str, f: dict[str, Any]) -> str:
+    cell = f"{kind} {_f(f['p50_ms'])}/{_f(f['p95_ms'])} ({_f(f['p95_over_slice'], '.2f')}x)"
+    sliced = f.get("sliced")
+    if sliced is None:  # a report from before the steps carried their bound
+        return cell
+    return (
+        f"{cell} | {sliced['steps']}, {_f(sliced['p95_ms'])} "
+        f"({_f(sliced['p95_over_slice'], '.2f')}x) | {_f(f['p95_over_budget'], '.2f')}x"
+    )
 
 
 def _f(value: float | None, spec: str = ".0f") -> str:

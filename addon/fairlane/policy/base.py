@@ -74,6 +74,7 @@ class IterationBuilder:
     decodes: int = 0
     context: int = 0
     held: int = 0  # KV cells the running sequences hold; grows with every token added
+    budget_s: float | None = None  # the time bound its background work was given
 
     @property
     def token_room(self) -> int:
@@ -128,6 +129,7 @@ class IterationBuilder:
             predicted_s=self.predicted_s(),
             context_tokens=self.context,
             held_tokens=self.held,
+            budget_s=self.budget_s,
         )
 
 

@@ -73,6 +73,7 @@ class BatchSteps(Lanes):
             priority=choice.priority,
             audio_s=audio_s,
             predicted_s=self.cost.stt_s(len(taken), audio_s),
+            budget_s=choice.budget_s,
         )
 
     def _plan_tts(self, choice: LaneChoice, now: float) -> TtsPlan | None:
@@ -94,6 +95,7 @@ class BatchSteps(Lanes):
             priority=choice.priority,
             phonemes=longest * len(taken),
             predicted_s=self.cost.tts_s(longest * len(taken)),
+            budget_s=choice.budget_s,
         )
 
     def _plan_embed(self, choice: LaneChoice, now: float) -> EmbedPlan | None:
@@ -130,4 +132,5 @@ class BatchSteps(Lanes):
             priority=choice.priority,
             padded_tokens=longest * len(batch),
             predicted_s=self.cost.embed_s(longest * len(batch)),
+            budget_s=choice.budget_s,
         )

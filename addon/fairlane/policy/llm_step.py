@@ -28,6 +28,7 @@ class LlmIteration(Lanes):
             decodes = [r for r in self._by_urgency(interactive=True) if r.is_decode]
             held = self.held_tokens()
             decode_cost = self.cost.llm_s(0, len(decodes), 0, held) - self.cost.llm_s(0, 0, 0, held)
+            batch.budget_s = self.config.slice_s
             self._schedule_background(batch, preempted, self.config.slice_s - decode_cost, now)
             if not batch.chunks:
                 return None  # background cannot run on this lane now: the next lane may
@@ -44,6 +45,7 @@ class LlmIteration(Lanes):
         if not carries_prompt:
             budget_s = choice.budget_s or self.config.slice_s
             limit_s = tighter(itl_limits[Priority.BACKGROUND], budget_s)
+            batch.budget_s = limit_s
             self._schedule_background(batch, preempted, limit_s, now)
         if not batch.chunks:
             return None

@@ -36,6 +36,9 @@ class LlmPlan:
     predicted_s: float
     context_tokens: int  # KV positions attended to, for the cost model
     held_tokens: int = 0  # KV cells in use by all sequences while it runs (unified KV)
+    # How long the policy let its background work make the step (a slice, an ITL budget, or
+    # the arrival wait when nobody is talking); None: no time bound, only batch limits.
+    budget_s: float | None = None
 
     kind = Kind.LLM
 
@@ -64,6 +67,7 @@ class EmbedPlan:
     priority: Priority
     padded_tokens: int  # batch size × longest text: what the device really computes
     predicted_s: float
+    budget_s: float | None = None  # as `LlmPlan.budget_s`
 
     kind = Kind.EMBED
 
@@ -76,6 +80,7 @@ class SttPlan:
     priority: Priority
     audio_s: float
     predicted_s: float
+    budget_s: float | None = None  # as `LlmPlan.budget_s`
 
     kind = Kind.STT
 
@@ -88,6 +93,7 @@ class TtsPlan:
     priority: Priority
     phonemes: int  # batch size × longest sentence, in phonemes: what the voice really computes
     predicted_s: float
+    budget_s: float | None = None  # as `LlmPlan.budget_s`
 
     kind = Kind.TTS
 

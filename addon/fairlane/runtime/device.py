@@ -85,6 +85,7 @@ class StepRecord:
     # filling and sampling, applying the outputs and handing tokens to their streams.
     host_s: float = 0.0
     device_s: float | None = None  # of end - start, the device call's (None: all of it)
+    budget_s: float | None = None  # the plan's time bound for background work (`LlmPlan`)
 
 
 class DeviceLoop:
@@ -354,10 +355,11 @@ def _record(
             device,
             host_s,
             device_s,
+            plan.budget_s,
         )
     return StepRecord(
         start, end, plan.kind, plan.request_ids, (), (plan.priority,), 0, 0, plan.predicted_s,
-        device, host_s, device_s,
+        device, host_s, device_s, plan.budget_s,
     )
 
 
