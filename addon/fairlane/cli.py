@@ -205,12 +205,12 @@ def _bench_family(args: argparse.Namespace, threads: int) -> object:
         format_ratios,
         format_rows,
     )
-    from fairlane.bench.family_targets import TARGETS
+    from fairlane.bench.family_targets import TARGETS, target_parts
     from fairlane.sim import default_workload, scenario
 
     targets = [t for t in (args.targets or "fairlane,fcfs,separate").split(",") if t]
     phases = [p for p in args.phases.split(",") if p]
-    known = [t for t in targets if t.partition(':')[0] in TARGETS]
+    known = [t for t in targets if target_parts(t)[0] in TARGETS]
     if unknown := [t for t in targets if t not in known] + [p for p in phases if p not in PHASES]:
         raise ValueError(f"unknown target or phase {unknown}: targets {TARGETS}, phases {PHASES}")
     # The workload's SLOs as the simulator scales them for this device's profile.
@@ -552,7 +552,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workload", help="family: workload YAML (default: the family evening)")
     bench.add_argument(
         "--targets",
-        help="family: servers, comma-separated (default fairlane,fcfs,separate); voice: "
+        help="family: servers, comma-separated (default fairlane,fcfs,separate; "
+        "fairlane:PROFILE plans with another cost profile, fairlane@SETTING=VALUE with a policy "
+        "setting changed, e.g. fairlane@slice_ms=100); voice: "
         "`separate` measures Fairlane against wyoming-piper (default fairlane); busy-host: "
         "spin10k,spin300k,passive,threads1,shell (default all)",
     )

@@ -58,6 +58,9 @@ POLICY_SCHEMA = vol.Schema(
         vol.Optional("arrival_wait_fraction"): vol.All(
             vol.Coerce(float), vol.Range(min=0.05, max=1.0)
         ),
+        vol.Optional("forecast_wait_fraction"): vol.All(
+            vol.Coerce(float), vol.Range(min=0.0, max=1.0)
+        ),
         vol.Optional("max_batch_tokens"): _count(16),
         vol.Optional("max_num_seqs"): _count(1),
         vol.Optional("min_prefill_chunk"): _count(1),

@@ -359,6 +359,9 @@ def _device_use(device: DeviceLoop, window_s: float) -> dict[str, Any]:
         "busy_s_total": round(device.busy_s, 3),
         "class_busy_s_total": {label: round(s, 3) for label, s in device.class_busy_s.items()},
         "interactive_busy_s_total": round(device.interactive_busy_s, 3),
+        "background_busy_s_total": {
+            kind: round(s, 3) for kind, s in device.background_busy_s.items()
+        },
     }
 
 

@@ -16,6 +16,7 @@ from fairlane.bench.family_report import (
     ratios,
     summarize,
 )
+from fairlane.bench.family_targets import target_parts
 from fairlane.policy import Kind, Priority, Slo
 from fairlane.runtime.metrics import RequestRecord
 from fairlane.sim.workload import Job, load
@@ -84,6 +85,23 @@ def test_work_conserving_efficiency_scales_background_alone_by_the_share_left() 
     assert "work_conserving" not in row
 
 
+def test_all_background_work_weighs_each_lane_by_its_device_share_alone() -> None:
+    """Alone, summaries had 70% of the device and documents 30%. Beside the interactive work
+    (20% alone) the summaries did 0.5 of their work alone and the documents all of it:
+    (0.5 · 0.7 + 1.0 · 0.3) / 1.0 = 0.65 of all background work, 0.81 of what the free 80%
+    allows; the LLM alone says 0.62."""
+    def report(phase: str, llm: float, embed: float, busy: dict[str, float]) -> dict:
+        return {"target": "fairlane", "round": 1, "phase": phase, "interactive_slo_met": 1.0,
+                "classes": {}, "voice_turn_ms": {"p95": None},
+                "background_llm_tokens_per_s": llm, "embedded_tokens_per_s": embed,
+                "interactive_busy": 0.2, "background_busy": busy}
+
+    (row,) = ratios([report("interactive", 0, 0, {}),
+                     report("background", 40, 2000, {"llm": 0.7, "embed": 0.3}),
+                     report("mixed", 20, 2000, {"llm": 0.3, "embed": 0.3})])
+    assert row["work_conserving"] == 0.62 and row["work_conserving_all"] == 0.81
+
+
 @pytest.mark.model
 def test_prompts_have_the_drawn_size_a_shared_prefix_and_a_nonce() -> None:
     prompts = Prompts()
@@ -136,3 +154,14 @@ def test_a_small_evening_against_the_real_server(tmp_path) -> None:
     (kinds,) = report["background_steps"].values()
     assert kinds["embed"]["steps"] > 0 and kinds["embed"]["p95_over_slice"] > 0
     assert "embed" in format_background_steps(result["reports"])
+
+
+def test_a_target_may_name_a_profile_and_policy_settings() -> None:
+    """`fairlane@SETTING=VALUE` runs the same server with one policy setting changed, so a
+    before/after of a rule is one interleaved run."""
+    assert target_parts("fairlane") == ("fairlane", "", {})
+    assert target_parts("fcfs:h200") == ("fcfs", "h200", {})
+    assert target_parts("fairlane:cpu-2core@forecast_wait_fraction=0@slice_ms=100") == (
+        "fairlane", "cpu-2core", {"forecast_wait_fraction": 0, "slice_ms": 100})
+    with pytest.raises(ValueError, match="SETTING=VALUE"):
+        target_parts("fairlane@slice_ms")

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
-from fairlane.policy import EmbedPlan, IdlePlan, LlmPlan, Slo, Status, SttPlan
+from fairlane.policy import (
+    CostModel,
+    EmbedPlan,
+    IdlePlan,
+    LlmPlan,
+    PolicyConfig,
+    Slo,
+    Status,
+    SttPlan,
+    make_policy,
+)
 from fairlane.policy.fairness import FairQueue
 from tests.policy.helpers import (
     BACKGROUND,
     CHAT,
+    PROFILE,
     VOICE,
     chunk_of,
     drain,
@@ -118,6 +130,39 @@ def test_while_a_conversation_goes_on_background_keeps_to_the_slice() -> None:
     assert plan.predicted_s <= 0.050 + 1e-9
     plan, _, _ = step(policy, 10.0)  # eight seconds of quiet
     assert plan.predicted_s > 0.1
+
+
+def test_between_turns_on_a_cpu_background_steps_grow_to_the_forecast_wait() -> None:
+    """Rule 2 between turns on a CPU's targets (× 8): with the next chat turn only forecast,
+    a background step may take `forecast_wait_s` (250 ms), not 8-token slivers of a 50 ms
+    slice that its fixed cost alone nearly fills; mid-turn (`turn_gap_s`) and while a request
+    runs, the slice holds; after a long quiet, the arrival wait (1 s)."""
+    config = replace(PolicyConfig(), slice_ms=50.0).scaled(8)
+    assert config.forecast_wait_s == pytest.approx(0.25)
+    assert config.arrival_wait_s == pytest.approx(1.0)
+    policy = make_policy("fairlane", config, CostModel(PROFILE))
+    now = 0.0
+    for i in range(3):  # a turn every 3 s
+        now = max(now, 3.0 * i)
+        policy.add(llm(f"turn{i}", CHAT, prompt=20, max_tokens=1, arrival=now), now)
+        while f"turn{i}" in policy.requests:
+            _, _, now = step(policy, now)
+    policy.add(llm("doc", BACKGROUND, prompt=8000, max_tokens=4), now)
+    mid_turn, _, _ = step(policy, now + 0.5)
+    assert isinstance(mid_turn, LlmPlan) and mid_turn.budget_s == pytest.approx(0.05)
+    between, _, _ = step(policy, now + 3.0)
+    assert isinstance(between, LlmPlan) and between.budget_s == pytest.approx(0.25)
+    assert 0.05 < between.predicted_s <= 0.25 + 1e-9
+    quiet, _, _ = step(policy, now + 30.0)
+    assert isinstance(quiet, LlmPlan) and quiet.budget_s == pytest.approx(1.0)
+
+
+def test_the_forecast_wait_is_the_slice_on_a_gpu_and_never_above_the_arrival_wait() -> None:
+    assert PolicyConfig().forecast_wait_s == PolicyConfig().slice_s  # 31 ms < 50 ms
+    off = replace(PolicyConfig(), forecast_wait_fraction=0.0).scaled(8)
+    assert off.forecast_wait_s == off.slice_s  # the rule switched off
+    wide = replace(PolicyConfig(), forecast_wait_fraction=1.0).scaled(8)
+    assert wide.forecast_wait_s == wide.arrival_wait_s
 
 
 # --- Rule 3: sequences join and leave between iterations -------------------------------------

@@ -46,6 +46,7 @@ class Played:
     # and in steps that carried interactive work (what work-conserving efficiency reads).
     device_busy: float | None = None
     interactive_busy: float | None = None
+    background_busy: dict[str, float] = field(default_factory=dict)  # background-only, per kind
 
 
 class Player:
@@ -127,6 +128,12 @@ class Player:
         self.played.interactive_busy = round(
             (end["interactive_busy_s_total"] - start["interactive_busy_s_total"]) / seconds, 3
         )
+        before, after = start.get("background_busy_s_total", {}), end.get(
+            "background_busy_s_total", {}
+        )
+        self.played.background_busy = {
+            kind: round((after[kind] - before.get(kind, 0.0)) / seconds, 3) for kind in after
+        }
 
     def _spawn(self, target: Callable[..., object], *args: Any) -> threading.Thread:
         thread = threading.Thread(target=self._guard, args=(target, *args), daemon=True)

@@ -56,6 +56,7 @@ def summarize(played: Played, slo: dict[Priority, Slo]) -> dict[str, Any]:
         "background_steps": played.background_steps,
         "device_busy": played.device_busy,
         "interactive_busy": played.interactive_busy,
+        "background_busy": played.background_busy,
     }
 
 
@@ -182,15 +183,31 @@ def ratios(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
             left = 1.0 - alone["interactive_busy"]
             if left > 0:
                 row["work_conserving"] = round(row["background_llm_ratio"] / left, 2)
+                whole = _all_background_ratio(row, background)
+                if whole is not None:
+                    row["work_conserving_all"] = round(whole / left, 2)
         out.append(row)
     return out
+
+
+def _all_background_ratio(row: dict[str, Any], background: dict[str, Any] | None) -> float | None:
+    """All background work done beside the interactive work over what it does alone: each
+    lane's mixed/alone ratio weighted by the device share it had alone (the LLM's summaries
+    and the embedder's documents are one background budget; the lane rotation decides how it
+    splits). None without both lanes' figures."""
+    shares = (background or {}).get("background_busy") or {}
+    lanes = {"llm": row.get("background_llm_ratio"), "embed": row.get("embedded_ratio")}
+    weights = {k: shares.get(k, 0.0) for k in lanes}
+    if any(r is None for r in lanes.values()) or sum(weights.values()) <= 0:
+        return None
+    return float(sum(lanes[k] * weights[k] for k in lanes) / sum(weights.values()))
 
 
 def format_ratios(rows: list[dict[str, Any]]) -> str:
     header = (
         f"{'target':<16}{'rnd':>4}{'chat TTFT p95 loaded/alone':>28}"
         f"{'voice turn p95 loaded/alone':>29}{'bg LLM mixed/alone':>20}"
-        f"{'embed mixed/alone':>19}{'work-conserving':>17}{'interactive SLO':>17}"
+        f"{'embed mixed/alone':>19}{'work-conserving':>17}{'(all bg)':>10}{'interactive SLO':>17}"
         f"{'bg LLM tok/s':>14}{'embed tok/s':>13}"
     )
     lines = [header, "-" * len(header)]
@@ -202,6 +219,7 @@ def format_ratios(rows: list[dict[str, Any]]) -> str:
             f"{_f(row.get('background_llm_ratio'), '.2f'):>20}"
             f"{_f(row.get('embedded_ratio'), '.2f'):>19}"
             f"{_f(row.get('work_conserving'), '.2f'):>17}"
+            f"{_f(row.get('work_conserving_all'), '.2f'):>10}"
             f"{_f(row['interactive_slo_met'], '.0%'):>17}"
             f"{row['background_llm_tokens_per_s']:>14}{row['embedded_tokens_per_s']:>13}"
         )

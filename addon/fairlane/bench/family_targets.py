@@ -13,6 +13,8 @@ import wave
 from pathlib import Path
 from typing import Any, Protocol
 
+import yaml
+
 from fairlane.bench.servers import (
     ServerProcess,
     StreamTiming,
@@ -233,14 +235,32 @@ async def _wyoming_transcribe(port: int, audio: bytes) -> str:
 
 def start_target(name: str, threads: int) -> Target:
     """A target by name; `fairlane:PROFILE` is Fairlane planning with that cost profile (a
-    shipped name or a YAML path), to compare profiles on one load."""
+    shipped name or a YAML path), and `fairlane@SETTING=VALUE` (repeatable) with a policy
+    setting changed, to compare profiles or settings on one load, rounds interleaved."""
     if name == "separate":
         return SeparateStack(threads)
     if name == "fairlane+remote":
         return RemoteLaneTarget(threads)
-    policy, _, profile = name.partition(":")
+    policy, profile, settings = target_parts(name)
+    extra: dict[str, Any] = {}
     if profile:
-        target = FairlaneTarget(policy, threads, {"server": {"profile": profile}})
-        target.name = name
-        return target
-    return FairlaneTarget(name, threads)
+        extra["server"] = {"profile": profile}
+    if settings:
+        extra["policy"] = settings
+    target = FairlaneTarget(policy, threads, extra or None)
+    target.name = name
+    return target
+
+
+def target_parts(name: str) -> tuple[str, str, dict[str, Any]]:
+    """`policy[:profile][@setting=value...]` as its policy, profile ("" for the default) and
+    policy settings; a malformed setting raises ValueError."""
+    head, *assignments = name.split("@")
+    policy, _, profile = head.partition(":")
+    settings: dict[str, Any] = {}
+    for assignment in assignments:
+        key, sep, value = assignment.partition("=")
+        if not sep or not key:
+            raise ValueError(f"target {name!r}: expected @SETTING=VALUE, got {assignment!r}")
+        settings[key] = yaml.safe_load(value)
+    return policy, profile, settings

@@ -128,18 +128,21 @@ class FairlaneScheduler(BatchSteps, LlmIteration):
     def _background_budget(self, now: float) -> float:
         """Rules 2 and 14: how long a background step may run.
 
-        `slice_ms` while interactive work is running or waiting, or its arrivals are still
-        coming (the last one is recent next to the usual pause between them); with none of that
-        the step may grow to `arrival_wait_s` (the longest step an interactive arrival can wait
-        for and still meet its target), so background work runs in efficient batches when
-        nobody is talking.
+        `slice_ms` while interactive work is running or waiting, or a turn's next request is
+        due within moments; `forecast_wait_s` (the slice on a GPU, 250 ms on a CPU) while only
+        a conversation's next turn is expected (the last arrival is recent next to the usual
+        pause between them): a step short enough for an arrival to wait for, long enough to be
+        worth its fixed cost; with none of that the step may grow to `arrival_wait_s` (the
+        longest step an interactive arrival can wait for and still meet its target), so
+        background work runs in efficient batches when nobody is talking.
         """
         interactive_busy = any(r.priority.interactive for r in self.running.values()) or any(
             len(q) for (_, p), q in self.waiting.items() if p.interactive
         )
-        forecast = any(rate.active(now) for (_, p), rate in self.arrivals.items() if p.interactive)
-        if interactive_busy or forecast or self._turn_continues(now):
+        if interactive_busy or self._turn_continues(now):
             return self.config.slice_s
+        if any(rate.active(now) for (_, p), rate in self.arrivals.items() if p.interactive):
+            return self.config.forecast_wait_s
         return self.config.arrival_wait_s
 
     def _turn_continues(self, now: float) -> bool:

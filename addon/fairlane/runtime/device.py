@@ -110,6 +110,8 @@ class DeviceLoop:
         self.busy_s = 0.0
         self.class_busy_s = dict.fromkeys((p.label for p in Priority), 0.0)
         self.interactive_busy_s = 0.0  # in steps that carried voice or chat work
+        # In steps that carried background work and nothing else, per engine kind.
+        self.background_busy_s = dict.fromkeys((k.value for k in engines), 0.0)
         self._form_errors_said: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -260,6 +262,8 @@ class DeviceLoop:
                 self.class_busy_s[label] += end - start
             if any(p.interactive for p in record.classes):
                 self.interactive_busy_s += end - start
+            elif record.classes:
+                self.background_busy_s[record.kind.value] += end - start
             self._hand_off(events)
             for request in finished:
                 self._sinks.pop(request.id, None)
