@@ -151,9 +151,10 @@ class PolicyConfig:
     def scaled(self, factor: float) -> PolicyConfig:
         """The same policy with every interactive latency target multiplied (CPU profiles).
 
-        `slice_ms` is not scaled: it bounds how long an arrival waits for the step in flight,
-        and a short slice costs little on a CPU, where the fixed cost of a step is small next
-        to its per-token cost.
+        `slice_ms` is not scaled: it bounds how long an arrival waits for the step in flight
+        while someone is mid-turn. The steps between turns (`forecast_wait_fraction`) and with
+        nobody talking (`arrival_wait_fraction`) follow the scaled targets: on a CPU a step's
+        fixed cost and its attention over long summaries' KV are most of a 50 ms slice.
         """
 
         def scale(value: float | None) -> float | None:
