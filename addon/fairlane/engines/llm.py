@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import codecs
 import ctypes
+import logging
 import os
 import re
 import threading
@@ -29,6 +30,7 @@ from fairlane.engines.placement import Placement
 from fairlane.policy import LlmPlan, Priority, SeqOutput, StepResult
 
 lc = import_llama_cpp()
+_LOGGER = logging.getLogger(__name__)
 
 
 class EngineError(RuntimeError):
@@ -272,6 +274,11 @@ class Candidates:
         return bool(np.isfinite(row).any())
 
 
+def extra_buffers_safe(system_info: bytes) -> bool:
+    """Whether llama.cpp's extra weight buffers may be used on this CPU: not with AMX."""
+    return b"AMX_INT8 = 1" not in system_info
+
+
 def default_threads() -> int:
     """One thread per core this process owns (sched_getaffinity, not the machine's count)."""
     try:
@@ -292,6 +299,12 @@ class LlamaEngine:
         lc.llama_backend_init()
         model_params = lc.llama_model_default_params()
         model_params.n_gpu_layers = config.n_gpu_layers
+        if not extra_buffers_safe(lc.llama_print_system_info()):
+            # llama.cpp's AMX buffers (its weights repacked for Intel's matrix unit) crash
+            # this engine's first llama_decode (SIGSEGV, llama-cpp-python 0.3.36, Xeon with
+            # AMX_INT8): the weights stay as the file has them.
+            _LOGGER.warning("This CPU has AMX: llama.cpp's repacked weight buffers are off")
+            model_params.use_extra_bufts = False
         offload = bool(lc.llama_supports_gpu_offload())
         asked = "cuda" if config.n_gpu_layers != 0 else "cpu"
         self.placement = Placement(
