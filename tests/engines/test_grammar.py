@@ -1,6 +1,7 @@
 """Output grammars in the engine, on the default chat model: a tool call under its tools'
-grammar, lazy until the reply starts one; a trigger the grammar refuses leaves the reply free
-(llama.cpp's own lazy mode aborts the process there); the masked choice is the best allowed."""
+grammar, lazy until the reply starts one, and spelt as the chat template writes it back; a
+trigger the grammar refuses leaves the reply free (llama.cpp's own lazy mode aborts the process
+there); the masked choice is the best allowed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fairlane.api.tool_calls import TRIGGERS, tool_call_grammar
+from fairlane.api.tool_calls import OPENING_TRIGGERS, TRIGGERS, tool_call_grammar
 from fairlane.engines import models
 from fairlane.engines.chat_template import ChatTemplate, parse_tool_calls
 from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams
@@ -41,8 +42,9 @@ def template(engine: LlamaEngine) -> ChatTemplate:
 
 
 def _reply(engine: LlamaEngine, template: ChatTemplate, text: str | list[dict[str, Any]],
-           tools: list[Any], **params: Any) -> str:
-    """The whole greedy reply to a user's text (or to these messages)."""
+           tools: list[Any], fed: list[int] | None = None, **params: Any) -> str:
+    """The whole greedy reply to a user's text (or to these messages); `fed` gets the tokens
+    the sequence fed to the model (the prompt and the reply but its last token)."""
     messages = [{"role": "user", "content": text}] if isinstance(text, str) else text
     prompt = engine.tokenize(template.render(messages, tools))
     engine.add("r", prompt, SamplingParams(max_tokens=60, temperature=0, **params))
@@ -55,6 +57,8 @@ def _reply(engine: LlamaEngine, template: ChatTemplate, text: str | list[dict[st
             _, events = engine.execute(LlmPlan(
                 (Chunk("r", len(seq.tokens) - 1, 1, True, True, Priority.CHAT),), (), 0.0, 0))
             out += [e.text for e in events]
+        if fed is not None:
+            fed += engine.sequences["r"].tokens[:-1]
         return "".join(out)
     finally:
         engine.release("r")
@@ -79,14 +83,80 @@ def test_a_tool_call_keeps_to_the_tool_s_schema(engine, template) -> None:
     assert json.loads(constrained[0]["function"]["arguments"])["colour"] in ("crimson-7", "teal-3")
 
 
-def test_a_lazy_grammar_leaves_a_plain_reply_alone(engine, template) -> None:
+@pytest.mark.parametrize("template_shape", [False, True])
+def test_a_lazy_grammar_leaves_a_plain_reply_alone(engine, template, template_shape) -> None:
     tools = [TURN_ON, COLOUR]
-    grammar, triggers = tool_call_grammar(tools, None, engine.grammar_parses)
+    grammar, triggers = tool_call_grammar(tools, None, engine.grammar_parses, template_shape)
     ask = "Hello, how are you today?"
     free = _reply(engine, template, ask, tools)
     assert not parse_tool_calls(free, tools)
     assert _reply(engine, template, ask, tools, grammar=grammar,
                   grammar_triggers=triggers) == free
+
+
+def test_a_call_is_spelt_as_the_template_writes_it_back(engine, template) -> None:
+    """Free, the small model opens a call with a ```json fence and pretty-prints it. In the
+    template's shape the fence's token is replaced by `<tool_call>` and the call is one line of
+    `json.dumps` JSON: the next round's prompt (the call sent back, then its result) holds
+    every token of this round, prompt and reply, so the prefix cache holds through the call."""
+    tools = [TURN_ON]
+    grammar, triggers = tool_call_grammar(tools, None, engine.grammar_parses, True)
+    assert grammar is not None and triggers == OPENING_TRIGGERS
+    ask = [{"role": "user", "content": "Turn on the kitchen light"}]
+    free = _reply(engine, template, ask, tools)
+    assert free.startswith("```json\n{\n")
+    shaped = _reply(engine, template, ask, tools, grammar=grammar, grammar_triggers=triggers)
+    calls = parse_tool_calls(shaped, tools)
+    assert calls and parse_tool_calls(free, tools)
+    assert calls[0]["function"] == parse_tool_calls(free, tools)[0]["function"]
+    arguments = json.loads(calls[0]["function"]["arguments"])
+    assert shaped == (
+        '<tool_call>\n{"name": "HassTurnOn", "arguments": ' + json.dumps(arguments)
+        + "}\n</tool_call>"
+    )
+    # The next round, as a client sends it (the arguments as a JSON string), starts with the
+    # text of this round's prompt and reply.
+    answer_round = _answer_round(ask, calls[0])
+    assert template.render(answer_round, tools).startswith(template.render(ask, tools) + shaped)
+
+
+def _answer_round(ask: list[dict[str, Any]], call: dict[str, Any]) -> list[dict[str, Any]]:
+    sent_back = {"id": call["id"], "type": "function", "function": {
+        "name": call["function"]["name"],
+        "arguments": json.dumps(json.loads(call["function"]["arguments"]))}}
+    return ask + [
+        {"role": "assistant", "content": None, "tool_calls": [sent_back]},
+        {"role": "tool", "tool_call_id": call["id"], "content": '{"success": true}'},
+    ]
+
+
+def test_the_answer_round_starts_from_every_token_of_the_call(template) -> None:
+    """The call comes back as the same text, and the prompt is spelt with the tokens the
+    model sampled for it (where the tokenizer would merge them otherwise): the prefix cache
+    holds the first round's prompt and every token of the call the model fed."""
+    engine = LlamaEngine(EngineConfig(models.resolve_llm(models.DEFAULT_LLM), n_ctx=2048,
+                                      n_seq_max=2, n_batch=512, prefix_cache_tokens=512))
+    try:
+        tools = [{"type": "function", "function": {
+            "name": "light_turn_on", "description": "Turn on a light in the house",
+            "parameters": {"type": "object", "properties": {"name": {"type": "string"}},
+                           "required": ["name"]}}}]
+        ask = [{"role": "user", "content": "Turn on the kitchen lights."}]
+        grammar, triggers = tool_call_grammar(tools, None, engine.grammar_parses, True)
+        first = engine.tokenize(template.render(ask, tools))
+        fed: list[int] = []
+        reply = _reply(engine, template, ask, tools, fed=fed, grammar=grammar,
+                       grammar_triggers=triggers)
+        calls = parse_tool_calls(reply, tools)
+        assert calls and fed[: len(first)] == first
+        text = template.render(_answer_round(ask, calls[0]), tools)
+        prompt = engine.tokenize_prompt(text)
+        assert prompt[: len(fed)] == fed
+        assert "".join(engine.token_text(t) for t in prompt) == text
+        assert engine.add("a", prompt, SamplingParams(max_tokens=1)) == len(fed)
+        engine.release("a")
+    finally:
+        engine.close()
 
 
 def test_a_named_tool_choice_is_called_from_the_first_token(engine, template) -> None:
@@ -101,16 +171,26 @@ def test_a_named_tool_choice_is_called_from_the_first_token(engine, template) ->
 
 
 def test_a_trigger_the_grammar_refuses_leaves_the_reply_free(engine, template) -> None:
-    """The model opens its call with "```json" and "{\\n"; this grammar takes only "{}". The
-    tokens since the trigger are offered to the grammar one by one, the first is refused, and
+    """The model opens its call with "```json" and "{\\n"; this grammar takes only "{}", and
+    the trigger's match starts in the fence, a token before the one that completes it. The
+    tokens since the match are offered to the grammar one by one, the fence is refused, and
     the reply goes on free: the same text as without a grammar, and the process lives."""
     tools = [TURN_ON]
     ask = "Turn on the kitchen light"
     free = _reply(engine, template, ask, tools)
     assert free.startswith("```json\n{\n")
     refusing = _reply(engine, template, ask, tools, grammar='root ::= "{}"',
-                      grammar_triggers=(r"\{",))
+                      grammar_triggers=(r"json\s*\{",))
     assert refusing == free
+
+
+def test_the_token_that_fires_a_trigger_is_the_grammar_s(engine, template) -> None:
+    """A trigger whose match starts in the token that completes it: that token is checked as
+    an armed grammar's token is, and the grammar's best choice replaces it."""
+    tools = [TURN_ON]
+    ask = "Turn on the kitchen light"
+    assert _reply(engine, template, ask, tools, grammar='root ::= "Yes."',
+                  grammar_triggers=(r"\A```",)) == "Yes."
 
 
 def test_a_refused_choice_is_replaced_by_the_best_allowed_token(engine, template) -> None:

@@ -102,6 +102,10 @@ def test_tool_call_comes_back_in_openai_shape(server: BackgroundServer) -> None:
     answer = client(server).chat.completions.create(model="x", messages=follow_up, tools=tools,
                                                     temperature=0, max_tokens=40)
     assert answer.choices[0].message.content
+    # The call came back as the text the model wrote, spelt with its tokens: the answer round's
+    # prefill starts after the call (every token but the reply's last, which was never fed).
+    cached = answer.usage.prompt_tokens_details.cached_tokens
+    assert cached == reply.usage.prompt_tokens + reply.usage.completion_tokens - 1
 
 
 def test_models_health_stats_metrics_and_openapi(server: BackgroundServer) -> None:

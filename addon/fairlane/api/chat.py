@@ -206,7 +206,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         prompt_text = template.render(body["messages"], offered or None)
     except ChatTemplateError as err:
         raise ApiError(400, str(err), param="messages") from err
-    prompt = await asyncio.to_thread(svc.engine.tokenize, prompt_text)
+    prompt = await asyncio.to_thread(svc.engine.tokenize_prompt, prompt_text)
     limit = capacity(svc, priority)
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     max_tokens = max_tokens or svc.config.llm.max_tokens
@@ -227,11 +227,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     stop = body.get("stop")
     grammar = output_grammar(body.get("response_format"), svc.engine.grammar_parses)
     triggers: tuple[str, ...] = ()
-    if tools and grammar is None and (
-        template.tagged_tool_calls or body.get("tool_choice") not in (None, "auto")
-    ):
+    forced = body.get("tool_choice") not in (None, "auto")
+    if tools and grammar is None and (template.tagged_tool_calls or forced):
+        # A call is spelt as the template writes it back, except where JSON at the start may
+        # be the small model's echo of a tool's result (see tool_calls).
+        after_result = body["messages"][-1].get("role") == "tool"
         grammar, triggers = tool_call_grammar(
-            tools, body.get("tool_choice"), svc.engine.grammar_parses
+            tools, body.get("tool_choice"), svc.engine.grammar_parses,
+            template_shape=template.tagged_tool_calls and (forced or not after_result),
         )
     params = SamplingParams(
         max_tokens=max_tokens,

@@ -48,7 +48,8 @@ class SamplingParams:
     grammar: str | None = None  # GBNF the output must match (JSON mode), rule `root`
     # With triggers the grammar is lazy: the reply is free until its text matches one of these
     # regular expressions (searched in the UTF-8 text so far); from the token where the match
-    # starts on, it must follow the grammar (a tool call after a free start).
+    # (or its first group) starts on, it must follow the grammar (a tool call after a free
+    # start). The token that completes the match is the grammar's: refused, it is replaced.
     grammar_triggers: tuple[str, ...] = ()
 
 
@@ -104,6 +105,7 @@ class CachedPrefix:
     # tools, where the rest is the turn that stored it. Making room trims an entry to this.
     shared: int = 0
     priority: Priority = Priority.CHAT  # the class of the turn that stored it
+    spelt: bytes = b""  # the tokens' text, once a prompt was compared with it
 
 
 @dataclass(frozen=True)
@@ -213,16 +215,19 @@ class Grammar:
         self.tokens: list[int] = []
 
     def trigger(self, token: int, piece: bytes, candidates: Candidates) -> bool:
-        """Note a free token; arm the grammar if a trigger now matches. False: it matched, but
-        the grammar refused the text from the match on."""
+        """Note a free token; arm the grammar if a trigger now matches (from its first group,
+        or else the whole match). The tokens before this one, from the match on, are offered to
+        the grammar; this one is then checked as any armed token is (replaced by the grammar's
+        choice if refused). False: the grammar refused one of those before it."""
         self.starts.append(len(self.text))
         self.tokens.append(token)
         self.text += piece
         for pattern in self.triggers:
             if (match := pattern.search(self.text)) is None:
                 continue
-            first = bisect.bisect_right(self.starts, match.start()) - 1
-            for replayed in self.tokens[first:]:
+            start = match.start(1) if pattern.groups else match.start()
+            first = bisect.bisect_right(self.starts, start) - 1
+            for replayed in self.tokens[first:-1]:
                 if not candidates.allows(self.sampler, replayed):
                     return False
                 lc.llama_sampler_accept(self.sampler, replayed)
@@ -385,6 +390,52 @@ class LlamaEngine:
         if n < 0:
             raise EngineError(f"tokenizer needed {-n} tokens for {len(data)} bytes")
         return list(tokens[:n])
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """A chat prompt's tokens, its leading text spelt as the prefix cache spells it.
+
+        A reply the model sampled comes back in the next turn's prompt as the same text, but
+        not always as the same tokens: the model may sample apart what the tokenizer merges
+        (`"}}` and a newline, where the tokenizer writes `"}}\n`), and the prefix cache would
+        break there and prefill the rest of the reply again. So when a cached entry's text is
+        where the prompt starts, and the tokenizer's tokens for the rest of the prompt are the
+        last of the prompt's own tokens (the cut is a token boundary, as before the chat
+        template's `<|im_end|>`), the prompt is the entry's tokens followed by those: the same
+        text, with the model's own tokens for its own words."""
+        tokens = self.tokenize(text)
+        data = text.encode("utf-8")
+        with self._cache_lock:
+            spellings = [(list(e.tokens), self._spelling(e)) for e in self.cache]
+        best: tuple[list[int], bytes] | None = None
+        for cached, spelt in spellings:
+            if (
+                len(spelt) < len(data)
+                and data.startswith(spelt)
+                and _common_prefix(cached, tokens) < len(cached)
+                and (best is None or len(spelt) > len(best[1]))
+            ):
+                best = (cached, spelt)
+        if best is None:
+            return tokens
+        try:
+            rest = self.tokenize(data[len(best[1]) :].decode("utf-8"))
+        except UnicodeDecodeError:  # the entry ends inside a character
+            return tokens
+        if not rest or len(rest) > len(tokens) or tokens[-len(rest) :] != rest:
+            return tokens
+        return best[0] + rest
+
+    def _spelling(self, entry: CachedPrefix) -> bytes:
+        """An entry's text (special tokens as written), kept on the entry until it is trimmed.
+        On the HTTP side's threads, so with a buffer of its own."""
+        if not entry.spelt and entry.tokens:
+            buf = ctypes.create_string_buffer(256)
+            pieces = []
+            for token in entry.tokens:
+                size = lc.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+                pieces.append(buf.raw[: max(size, 0)])
+            entry.spelt = b"".join(pieces)
+        return entry.spelt
 
     # --- sequences ---------------------------------------------------------------------------
 
@@ -583,6 +634,7 @@ class LlamaEngine:
         go): the system prompt stays, the words of the turn that stored it do not."""
         lc.llama_memory_seq_rm(self.memory, entry.seq_id, entry.shared, -1)
         del entry.tokens[entry.shared :]
+        entry.spelt = b""
 
     def _evict(self, entry: CachedPrefix) -> None:
         lc.llama_memory_seq_rm(self.memory, entry.seq_id, -1, -1)
@@ -695,7 +747,8 @@ class LlamaEngine:
             if not grammar.trigger(token, self._token_bytes(token), self._candidates):
                 seq.grammar = None  # what the trigger caught does not parse: it stays free
                 grammar.close()
-            return token
+            if not grammar.armed:
+                return token
         if not self._candidates.allows(grammar.sampler, token):
             if not self._candidates.mask(grammar.sampler, row):  # in place, in the logits
                 return int(lc.llama_vocab_eos(self.vocab))  # nothing is allowed: the end
