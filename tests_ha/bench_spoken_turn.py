@@ -169,7 +169,7 @@ async def _run_turn(
         print(f"    model call: sent {call['sent'] - end:5.2f} s, first token "
               f"{call.get('first', 0) - call['sent']:5.2f} s later, last "
               f"{call.get('last', 0) - call['sent']:5.2f} s, {call.get('cached', 0):.0f} of "
-              f"{call.get('prompt', 0):.0f} prompt tokens cached: {call.get('text', '')!r:.90}",
+              f"{call.get('prompt', 0):.0f} prompt tokens cached: {call.get('text', '')!r:.400}",
               flush=True)
     # The speculation window: when the transcript Home Assistant gets was sent and ready, from
     # the end of speech. One sent before the end is the early transcript (at the first pause).

@@ -94,6 +94,23 @@ async def test_the_tts_entity_streams_the_reply_sentence_by_sentence(
     assert extension == "wav" and audio is not None and audio.startswith(b"RIFF")
 
 
+async def test_a_piece_with_no_words_is_not_sent_to_be_spoken(
+    hass: HomeAssistant, entry: MockConfigEntry
+) -> None:
+    """A reply that echoes JSON breaks into pieces such as `"}}` that hold nothing to say. The
+    server refuses those (400), which ended the whole spoken reply; they are left out."""
+    entity = _entity(hass, TTS_ENTITY)
+    before = (await entry.runtime_data.client.stats())["classes"]["voice"]["tts"]["requests"]
+    reply = 'The kitchen lights are on now, as you asked.\n"}}\n...\nAnything else?\n}'
+    response = await entity.async_stream_tts_audio(
+        TTSAudioRequest(language="en-US", options={}, message_gen=_text(reply))
+    )
+    pieces = [piece async for piece in response.data_gen]
+    assert len(pieces) == 4  # the header, then "The kitchen lights are on now," and two more
+    after = (await entry.runtime_data.client.stats())["classes"]["voice"]["tts"]["requests"]
+    assert after - before == 3
+
+
 async def test_home_assistants_pipeline_speaks_the_reply_through_fairlane(
     hass: HomeAssistant, entry: MockConfigEntry
 ) -> None:

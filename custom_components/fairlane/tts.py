@@ -68,6 +68,12 @@ def sentences(text: str) -> tuple[list[str], str]:
     return done, text[start:]
 
 
+def has_words(piece: str) -> bool:
+    """Whether a piece holds anything to say: the server refuses one without a word (`"}}`
+    where a small model echoes JSON, or "..."), and one refusal would end the whole reply."""
+    return re.search(r"\w", piece) is not None
+
+
 def first_piece(text: str) -> tuple[str | None, str]:
     """The reply's first piece to speak, if `text` holds one yet, and the rest."""
     for match in CLAUSE_END.finditer(text):
@@ -152,10 +158,10 @@ class FairlaneTextToSpeech(tts.TextToSpeechEntity, FairlaneSubentryEntity):
                     if started:
                         more, rest = sentences(rest)
                         done += more
-                    for sentence in done:
+                    for sentence in filter(has_words, done):
                         await slots.acquire()
                         order.put_nowait(asyncio.create_task(request_sentence(sentence)))
-                if rest.strip():
+                if has_words(rest):
                     await slots.acquire()
                     order.put_nowait(asyncio.create_task(request_sentence(rest.strip())))
                 order.put_nowait(None)

@@ -26,6 +26,11 @@ TURN_ON = {"type": "function", "function": {
     "name": "HassTurnOn", "description": "Turns on a device",
     "parameters": {"type": "object", "properties": {"name": {"type": "string"}}}}}
 
+LIGHT = {"type": "function", "function": {
+    "name": "light_turn_on", "description": "Turn on a light in the house",
+    "parameters": {"type": "object", "properties": {"name": {"type": "string"}},
+                   "required": ["name"]}}}
+
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[LlamaEngine]:
@@ -120,6 +125,23 @@ def test_a_call_is_spelt_as_the_template_writes_it_back(engine, template) -> Non
     assert template.render(answer_round, tools).startswith(template.render(ask, tools) + shaped)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+def test_one_call_unless_parallel_calls_are_asked_for(engine, template, parallel) -> None:
+    """Asked for three lights, the model calls the tool three times when a reply may hold
+    several calls; by default (`parallel_tool_calls` false, as llama.cpp's server) the reply
+    ends after its first call: a small model may go on calling tools nobody asked for."""
+    tools = [LIGHT, TURN_ON, COLOUR]
+    grammar, triggers = tool_call_grammar(tools, None, engine.grammar_parses, True, parallel)
+    reply = _reply(engine, template, "Turn on the kitchen, bedroom and hall lights.", tools,
+                   grammar=grammar, grammar_triggers=triggers)
+    calls = parse_tool_calls(reply, tools) or []
+    names = [json.loads(c["function"]["arguments"])["name"] for c in calls]
+    if parallel:
+        assert names[:2] == ["kitchen", "bedroom"]
+    else:
+        assert names == ["kitchen"] and reply.endswith("</tool_call>")
+
+
 def _answer_round(ask: list[dict[str, Any]], call: dict[str, Any]) -> list[dict[str, Any]]:
     sent_back = {"id": call["id"], "type": "function", "function": {
         "name": call["function"]["name"],
@@ -137,10 +159,7 @@ def test_the_answer_round_starts_from_every_token_of_the_call(template) -> None:
     engine = LlamaEngine(EngineConfig(models.resolve_llm(models.DEFAULT_LLM), n_ctx=2048,
                                       n_seq_max=2, n_batch=512, prefix_cache_tokens=512))
     try:
-        tools = [{"type": "function", "function": {
-            "name": "light_turn_on", "description": "Turn on a light in the house",
-            "parameters": {"type": "object", "properties": {"name": {"type": "string"}},
-                           "required": ["name"]}}}]
+        tools = [LIGHT]
         ask = [{"role": "user", "content": "Turn on the kitchen lights."}]
         grammar, triggers = tool_call_grammar(tools, None, engine.grammar_parses, True)
         first = engine.tokenize(template.render(ask, tools))

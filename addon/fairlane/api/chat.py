@@ -122,6 +122,12 @@ CHAT_REQUEST = vol.Schema(
             ),
             None,
         ),
+        vol.Optional(
+            "parallel_tool_calls",
+            description="whether a reply may hold more than one tool call (default false, as "
+            "llama.cpp's server: a small model under a grammar may go on calling tools it was "
+            "never asked for)",
+        ): vol.Any(bool, None),
         vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
         vol.Optional("priority", description=PRIORITY_FIELD): vol.Any(None, WHOLE, str),
         vol.Optional("deadline_ms", description=DEADLINE_FIELD): vol.Any(None, vol.Coerce(float)),
@@ -235,6 +241,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         grammar, triggers = tool_call_grammar(
             tools, body.get("tool_choice"), svc.engine.grammar_parses,
             template_shape=template.tagged_tool_calls and (forced or not after_result),
+            parallel=bool(body.get("parallel_tool_calls")),
         )
     params = SamplingParams(
         max_tokens=max_tokens,

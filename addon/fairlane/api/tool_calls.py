@@ -57,13 +57,15 @@ TRIGGERS = (
 # The template's own shape: each call in its tags, one JSON line, a newline between calls (the
 # template writes "\n<tool_call>\n" before each call, the first newline the generation prompt's).
 TEMPLATE_SHAPE = r"""
-root ::= tagged ("\n" tagged)*
+root ::= tagged more
 tagged ::= <tool_call> "\n" call "\n</tool_call>"
+between ::= "\n"
 """
 # The shapes a call may take once the model began it (rule `call`, a JSON object
 # {"name": …, "arguments": …}).
 SHAPES = r"""
-root ::= ws (tagged (ws tagged)* | fenced | call)
+root ::= ws (tagged more | fenced | call)
+between ::= ws
 tagged ::= "<tool_call>" ws call ws "</tool_call>"
 fenced ::= "```" ("json" | "tool_call")? [ \t]* "\n"? ws call ws "```"
 ws ::= [ \t\n]{0,8}
@@ -74,6 +76,11 @@ SPACE = 'space ::= | " " | "\\n" [ \\t]{0,20}'
 # JSON as `json.dumps` writes it (the template's `tojson`): ", " and ": ", no other space.
 DUMPS_SPACE = 'space ::= ""'
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
+# After the first call: more calls (`parallel_tool_calls`), or none. One call by default, as
+# llama.cpp's server does: the small default model, free to go on, calls tool after tool it
+# was never asked for (for "what is the weather tomorrow": HassTurnOn, then HassLightSet red).
+MORE_CALLS = "more ::= (between tagged)*"
+ONE_CALL = 'more ::= ""'
 
 
 def tool_call_grammar(
@@ -81,10 +88,12 @@ def tool_call_grammar(
     tool_choice: Any,
     parses: Callable[[str], bool],
     template_shape: bool = False,
+    parallel: bool = False,
 ) -> tuple[str | None, tuple[str, ...]]:
     """The grammar (rule `root`) and its triggers for a request's tools; (None, ()) when the
     reply stays free. No triggers: the grammar applies from the first token. `template_shape`:
-    a call is written as a tagged chat template writes it back (see the module's docstring)."""
+    a call is written as a tagged chat template writes it back (see the module's docstring).
+    `parallel`: a reply may hold several calls (in tags), else exactly one."""
     forced = tool_choice == "required" or isinstance(tool_choice, dict)
     if isinstance(tool_choice, dict):
         name = (tool_choice.get("function") or {}).get("name")
@@ -108,6 +117,7 @@ def tool_call_grammar(
     else:
         call = re.sub(r"^space ::=.*$", lambda _: SPACE, call, flags=re.MULTILINE)
         grammar = call + SHAPES
+    grammar += (MORE_CALLS if parallel else ONE_CALL) + "\n"
     if len(grammar) > MAX_GRAMMAR_BYTES or not parses(grammar):
         _LOGGER.warning(
             "Tool calls are sampled free: their grammar (%d bytes) is over %d or does not parse",
