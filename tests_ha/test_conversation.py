@@ -97,6 +97,45 @@ async def test_a_done_action_is_confirmed_in_the_next_round(
     assert result_message["role"] == "tool" and "action_done" in result_message["content"]
 
 
+async def test_a_call_goes_back_as_the_model_wrote_it(
+    hass: HomeAssistant, entry: MockConfigEntry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Home Assistant runs a repaired call (the default model guesses a floor and a device
+    class for a named light); the next round sends the call back with the arguments the model
+    wrote, so the server's prefix cache holds the first round's prompt and every token of the
+    call it fed: the round after the call prefills only the result."""
+    await add_kitchen_light(hass, "Kitchen lights")
+    await set_agent(hass, entry, **{CONF_TEMPERATURE: 0.0})
+    client = entry.runtime_data.client
+    plain = client.chat_stream
+    sent: list[dict[str, Any]] = []
+    usage: list[dict[str, Any]] = []
+    written: list[str] = []
+
+    async def chat_stream(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        sent.append(body)
+        async for chunk in plain({**body, "stream_options": {"include_usage": True}}):
+            if chunk.get("usage"):
+                usage.append(chunk["usage"])
+            for choice in chunk.get("choices") or ():
+                for call in (choice.get("delta") or {}).get("tool_calls") or ():
+                    written.append((call.get("function") or {}).get("arguments") or "")
+            yield chunk
+
+    monkeypatch.setattr(client, "chat_stream", chat_stream)
+    await conversation.async_converse(
+        hass, "Turn on the kitchen lights", None, Context(), agent_id=AGENT
+    )
+    await hass.async_block_till_done()
+    assert hass.states.get("light.kitchen_lights").state == "on"
+    assert len(sent) == 2 and len(usage) == 2
+    call = sent[1]["messages"][-2]["tool_calls"][0]
+    assert call["function"]["name"] == "HassTurnOn"
+    assert call["function"]["arguments"] == "".join(written)
+    first = usage[0]["prompt_tokens"] + usage[0]["completion_tokens"] - 1
+    assert usage[1]["prompt_tokens_details"]["cached_tokens"] == first
+
+
 async def test_a_tool_call_repeated_in_one_turn_is_not_run_again(
     hass: HomeAssistant, entry: MockConfigEntry, monkeypatch: pytest.MonkeyPatch
 ) -> None:

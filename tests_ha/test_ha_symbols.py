@@ -97,4 +97,4 @@ def test_tool_results_are_read_from_result_where_core_has_it() -> None:
             agent_id="a", tool_call_id="c1", tool_name="HassTurnOn", tool_result={"ok": 1}
         )
         expected = '{"ok":1}'
-    assert _message(this_release) == {"role": "tool", "tool_call_id": "c1", "content": expected}
+    assert _message(this_release, {}) == {"role": "tool", "tool_call_id": "c1", "content": expected}

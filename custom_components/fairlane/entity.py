@@ -41,6 +41,9 @@ from .tool_args import repair_args
 _LOGGER = logging.getLogger(__name__)
 
 
+# Calls whose arguments, as the model wrote them, an LLM entity keeps for its next rounds.
+WRITTEN_CALLS = 64
+
 def device_info(entry: FairlaneConfigEntry) -> dr.DeviceInfo:
     """The server's device: the sensors belong to it, and each subentry's device is linked
     to it. Its link opens the add-on's page for add-on users (the dashboard is the add-on's
@@ -123,6 +126,9 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
 
     def __init__(self, entry: FairlaneConfigEntry, subentry: ConfigSubentry) -> None:
         super().__init__(entry, subentry, entry.runtime_data.info.llm_model)
+        # The arguments the model wrote for the calls Home Assistant ran repaired, by call id
+        # (the latest WRITTEN_CALLS): sent back as written (see `_message`).
+        self._written: dict[str, str] = {}
 
     async def _async_handle_chat_log(
         self,
@@ -172,7 +178,12 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
         for round_ in range(MAX_TOOL_ITERATIONS):
             messages = stable_first(
                 _trim_history(
-                    [m for m in map(_message, chat_log.content) if not _empty(m)], max_history
+                    [
+                        m
+                        for m in (_message(c, self._written) for c in chat_log.content)
+                        if not _empty(m)
+                    ],
+                    max_history,
                 )
             )
             if attached:
@@ -189,7 +200,8 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
             repeated: list[str] = []
             try:
                 async for _content in chat_log.async_add_delta_content_stream(
-                    self.entity_id, _deltas(self.hass, stream, intent_tools, made, repeated)
+                    self.entity_id,
+                    _deltas(self.hass, stream, intent_tools, made, repeated, self._written),
                 ):
                     pass
             except FairlaneRequestError as err:
@@ -261,8 +273,12 @@ def _empty(message: dict[str, Any]) -> bool:
     )
 
 
-def _message(content: conversation.Content) -> dict[str, Any]:
-    """A chat log entry as an OpenAI chat message."""
+def _message(content: conversation.Content, written: dict[str, str]) -> dict[str, Any]:
+    """A chat log entry as an OpenAI chat message. A call goes back with the arguments the
+    model wrote (`written`, where Home Assistant ran them repaired): the prompt then holds the
+    tokens of the call that the server's prefix cache holds, and the round after a call
+    prefills only the result (a repaired call, sent as run, broke the cache at the first
+    argument dropped)."""
     if isinstance(content, conversation.ToolResultContent):
         return {
             "role": "tool",
@@ -276,7 +292,10 @@ def _message(content: conversation.Content) -> dict[str, Any]:
                 {
                     "id": call.id,
                     "type": "function",
-                    "function": {"name": call.tool_name, "arguments": json.dumps(call.tool_args)},
+                    "function": {
+                        "name": call.tool_name,
+                        "arguments": written.get(call.id) or json.dumps(call.tool_args),
+                    },
                 }
                 for call in content.tool_calls
             ]
@@ -413,6 +432,7 @@ async def _deltas(
     intent_tools: set[str],
     made: set[str],
     repeated: list[str],
+    written: dict[str, str] | None = None,
 ) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
     """OpenAI stream chunks → the chat log's deltas.
 
@@ -421,7 +441,8 @@ async def _deltas(
     handed over whole when the model finishes, as HA runs a tool as soon as it sees it. A
     chunk that is not in OpenAI's shape ends the turn with an error, not a traceback.
     A call the turn has already made (`made`: name and arguments) is not handed over again;
-    its name goes to `repeated`.
+    its name goes to `repeated`. A call whose arguments were repaired keeps the arguments the
+    model wrote in `written` (by call id), to be sent back as written.
     """
     yield {"role": "assistant"}
     calls: dict[int, dict[str, str]] = {}
@@ -443,6 +464,10 @@ async def _deltas(
     fresh = []
     for _, call in sorted(calls.items()):
         tool_input = _tool_input(hass, call, call["name"] in intent_tools)
+        if written is not None and tool_input.id and tool_input.tool_args != _arguments(call):
+            written[tool_input.id] = call["args"]
+            while len(written) > WRITTEN_CALLS:
+                del written[next(iter(written))]
         key = f"{tool_input.tool_name} {json.dumps(tool_input.tool_args, sort_keys=True)}"
         if key in made:
             repeated.append(tool_input.tool_name)
@@ -453,15 +478,21 @@ async def _deltas(
         yield {"tool_calls": fresh}
 
 
-def _tool_input(hass: HomeAssistant, call: dict[str, str], intent: bool) -> llm.ToolInput:
-    """A complete tool call; an Assist intent's arguments repaired (see `tool_args`)."""
+def _arguments(call: dict[str, str]) -> dict[str, Any]:
+    """A streamed call's arguments as the model wrote them ({} when they are not an object)."""
     try:
         args = json.loads(call["args"] or "{}")
     except json.JSONDecodeError:
-        _LOGGER.warning("Tool call %s with arguments that are not JSON: %s", call["name"], call)
-        args = {}
-    if not isinstance(args, dict):
-        args = {}
+        return {}
+    return args if isinstance(args, dict) else {}
+
+
+def _tool_input(hass: HomeAssistant, call: dict[str, str], intent: bool) -> llm.ToolInput:
+    """A complete tool call; an Assist intent's arguments repaired (see `tool_args`)."""
+    args = _arguments(call)
+    if not args and (call["args"] or "{}").strip() != "{}":
+        _LOGGER.warning("Tool call %s with arguments that are not an object: %s",
+                        call["name"], call)
     if intent:
         args = repair_args(hass, args)
     if call["id"]:
