@@ -15,7 +15,7 @@ import pytest
 from fairlane.api.tool_calls import OPENING_TRIGGERS, TRIGGERS, tool_call_grammar
 from fairlane.engines import models
 from fairlane.engines.chat_template import ChatTemplate, parse_tool_calls
-from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams
+from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams, lc
 from fairlane.policy import Chunk, LlmPlan, Priority
 
 COLOUR = {"type": "function", "function": {
@@ -174,6 +174,18 @@ def test_the_answer_round_starts_from_every_token_of_the_call(template) -> None:
         assert "".join(engine.token_text(t) for t in prompt) == text
         assert engine.add("a", prompt, SamplingParams(max_tokens=1)) == len(fed)
         engine.release("a")
+        # The same prompt again (the round after one whose reply is not sent back: a call the
+        # turn had made already): the cache holds it spelt as above, and a reply after it.
+        engine.add("b", prompt, SamplingParams(max_tokens=2, temperature=0))
+        engine.execute(LlmPlan((Chunk("b", len(fed), len(prompt) - len(fed), True, False,
+                                      Priority.CHAT),), (), 0.0, 0))
+        engine.execute(LlmPlan((Chunk("b", len(prompt), 1, True, True, Priority.CHAT),),
+                               (), 0.0, 0))
+        engine.release("b")
+        assert len(engine.cache) == 1 and len(engine.cache[0].tokens) > len(prompt)
+        assert engine.tokenize_prompt(text) == prompt
+        assert engine.add("c", prompt, SamplingParams(max_tokens=1)) == len(prompt) - 1
+        engine.release("c")
     finally:
         engine.close()
 
@@ -212,26 +224,37 @@ def test_the_token_that_fires_a_trigger_is_the_grammar_s(engine, template) -> No
                   grammar_triggers=(r"\A```",)) == "Yes."
 
 
-def test_a_refused_choice_is_replaced_by_the_best_allowed_token(engine, template) -> None:
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_refused_choice_is_replaced_by_the_best_allowed_token(engine, template,
+                                                                temperature) -> None:
     """Under `root ::= "Hello" | "Goodbye"` the model's free first token (its argmax) is
-    refused; the engine masks what the grammar forbids and takes the argmax of the rest,
-    which the logits themselves say."""
+    refused. Greedy, the engine takes the most likely allowed token from the few most likely
+    (no mask over the vocabulary): the argmax of what the grammar allows, which a mask of the
+    same row says. Sampling, it masks what the grammar forbids in place and samples the rest."""
+    grammar = 'root ::= "Hello" | "Goodbye"'
     ask = [{"role": "user", "content": "Say bonjour in French."}]
     prompt = engine.tokenize(template.render(ask))
-    engine.add("m", prompt, SamplingParams(max_tokens=4, temperature=0,
-                                           grammar='root ::= "Hello" | "Goodbye"'))
+    engine.add("m", prompt, SamplingParams(max_tokens=4, temperature=temperature, seed=1,
+                                           grammar=grammar))
+    fresh = lc.llama_sampler_init_grammar(engine.vocab, grammar.encode(), b"root")
     try:
         engine.execute(LlmPlan((Chunk("m", 0, len(prompt) - 1, False, False, Priority.CHAT),),
                                (), 0.0, 0))
         engine.execute(LlmPlan((Chunk("m", len(prompt) - 1, 1, True, False, Priority.CHAT),),
                                (), 0.0, 0))
-        row = engine._logits(1)[0]  # masked in place: only the grammar's first tokens are left
+        row = engine._logits(1)[0].copy()
+        assert np.isfinite(row).all() == (temperature == 0)  # masked in place when sampling
+        engine._candidates.mask(fresh, row)
         allowed = np.flatnonzero(np.isfinite(row))
         assert 0 < len(allowed) < 10
         texts = {engine.token_text(int(t)) for t in allowed}
         assert all("Hello".startswith(t) or "Goodbye".startswith(t) for t in texts)
-        assert engine.sequences["m"].tokens[-1] == int(allowed[np.argmax(row[allowed])])
+        chosen = engine.sequences["m"].tokens[-1]
+        assert chosen in allowed
+        if temperature == 0:
+            assert chosen == int(allowed[np.argmax(row[allowed])])
     finally:
+        lc.llama_sampler_free(fresh)
         engine.release("m")
 
 
