@@ -56,9 +56,11 @@ TRIGGERS = (
 
 # The template's own shape: each call in its tags, one JSON line, a newline between calls (the
 # template writes "\n<tool_call>\n" before each call, the first newline the generation prompt's).
+# The tags are the vocabulary's own tokens (`<…>`: one token each, not their letters: the
+# model, free to spell `</tool_call>` in five pieces, did).
 TEMPLATE_SHAPE = r"""
 root ::= tagged more
-tagged ::= <tool_call> "\n" call "\n</tool_call>"
+tagged ::= <tool_call> "\n" call "\n" </tool_call>
 between ::= "\n"
 """
 # The shapes a call may take once the model began it (rule `call`, a JSON object
