@@ -15,8 +15,8 @@ Which shape a call must take depends on the turn:
   JSON with Python's `json.dumps` spacing. The model's first token chooses between a call and
   words; the grammar chooses how the call is spelt. The answer round's prompt then holds the
   tokens already in the prefix cache through the call, instead of breaking at its first token
-  (the small default model, free, writes a pretty-printed call in a ```json fence, ~45 tokens
-  against ~25, all prefilled again in the next round).
+  (the small default model, free, writes a bare or ```json-fenced call, sometimes
+  pretty-printed, and all of it was prefilled again in the next round).
 - After a tool's result, the small model often echoes the result as JSON: that is its answer,
   not a call to force into a tool's shape, so only JSON that starts like a call
   (`{"name"`, fenced or bare) or the tag arms the grammar, and it admits the call in the shape
