@@ -130,7 +130,7 @@ async def test_a_call_goes_back_as_the_model_wrote_it(
     assert hass.states.get("light.kitchen_lights").state == "on"
     assert len(sent) == 2 and len(usage) == 2
     call = sent[1]["messages"][-2]["tool_calls"][0]
-    assert call["function"]["name"] == "HassTurnOn"
+    assert call["function"]["name"].endswith("HassTurnOn")  # intent__HassTurnOn since 2026.11
     assert call["function"]["arguments"] == "".join(written)
     first = usage[0]["prompt_tokens"] + usage[0]["completion_tokens"] - 1
     assert usage[1]["prompt_tokens_details"]["cached_tokens"] == first
