@@ -44,6 +44,7 @@ _LOGGER = logging.getLogger(__name__)
 # Calls whose arguments, as the model wrote them, an LLM entity keeps for its next rounds.
 WRITTEN_CALLS = 64
 
+
 def device_info(entry: FairlaneConfigEntry) -> dr.DeviceInfo:
     """The server's device: the sensors belong to it, and each subentry's device is linked
     to it. Its link opens the add-on's page for add-on users (the dashboard is the add-on's

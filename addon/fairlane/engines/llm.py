@@ -422,8 +422,7 @@ class LlamaEngine:
             entries = [(e, list(e.tokens)) for e in self.cache]
         best: tuple[list[int], list[int]] | None = None  # the entry's tokens and their ends
         for entry, cached in entries:
-            ends = self._spelling(entry, cached)
-            spelt = entry.spelt[1]
+            spelt, ends = self._spelling(entry, cached)
             count = bisect.bisect_right(ends, _common_bytes(spelt, data))
             if count > _common_prefix(cached, tokens) and (
                 best is None or ends[count - 1] > best[1][-1]
@@ -442,12 +441,12 @@ class LlamaEngine:
                 return cached[:count] + rest
         return tokens
 
-    def _spelling(self, entry: CachedPrefix, tokens: list[int]) -> list[int]:
-        """Where each of `tokens` (an entry's, copied) ends in their text (special tokens as
-        written); the text and ends are kept on the entry for as many tokens as it then had.
+    def _spelling(self, entry: CachedPrefix, tokens: list[int]) -> tuple[bytes, list[int]]:
+        """The text of `tokens` (an entry's, copied; special tokens as written) and where each
+        ends in it; kept on the entry for as many tokens as it then had.
         On the HTTP side's threads, outside the cache's lock (the device loop takes it), so
         with a buffer of its own."""
-        count, _, ends = entry.spelt
+        count, spelt, ends = entry.spelt
         if count != len(tokens):
             buf = ctypes.create_string_buffer(256)
             pieces, ends, at = [], [], 0
@@ -456,8 +455,9 @@ class LlamaEngine:
                 pieces.append(buf.raw[: max(size, 0)])
                 at += max(size, 0)
                 ends.append(at)
-            entry.spelt = (len(tokens), b"".join(pieces), ends)
-        return ends
+            spelt = b"".join(pieces)
+            entry.spelt = (len(tokens), spelt, ends)
+        return spelt, ends
 
     # --- sequences ---------------------------------------------------------------------------
 
@@ -774,12 +774,11 @@ class LlamaEngine:
             best = None
             if greedy(seq.params):  # the best allowed is likely among the few best: no mask
                 best = self._candidates.best_allowed(grammar.sampler, row)
-            if best is not None:
-                token = best
-            else:
+            if best is None:
                 if not self._candidates.mask(grammar.sampler, row):  # in place, in the logits
                     return int(lc.llama_vocab_eos(self.vocab))  # nothing is allowed: the end
-                token = self._choose(seq, row, position)
+                best = self._choose(seq, row, position)
+            token = best
         # Never a token the grammar refuses: llama.cpp aborts the process on one.
         lc.llama_sampler_accept(grammar.sampler, token)
         return token
