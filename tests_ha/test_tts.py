@@ -184,7 +184,7 @@ def test_the_time_moves_from_the_system_prompt_to_the_newest_user_message() -> N
     out = stable_first(messages)
     assert "Current time" not in out[0]["content"] and out[0]["content"].endswith("Room 39")
     assert out[1]["content"] == (
-        "turn on the lamp\n\n(Current time is 14:03:22. Today's date is 2026-12-03.)"
+        "turn on the lamp\n\n(Current time is 14:03. Today's date is 2026-12-03.)"
     )
     assert messages[1]["content"] == "turn on the lamp"  # the chat log's copy is untouched
 

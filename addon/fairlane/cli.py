@@ -147,6 +147,10 @@ def _bench(args: argparse.Namespace) -> int:
         from fairlane.bench.voice import voice
 
         result = voice(Path(args.fixtures), threads, args.rounds, args.targets or "fairlane")
+    elif args.what == "speculation":
+        from fairlane.bench.speculation import speculation
+
+        result = speculation(threads, args.rounds, args.lead)
     elif args.what in ("overload", "soak"):
         from fairlane.bench import overload
 
@@ -463,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
             "embed",
             "family",
             "voice",
+            "speculation",
             "overload",
             "soak",
             "busy-host",
@@ -487,7 +492,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=2,
-        help="throughput, interference, family, voice: rounds of each target, alternating",
+        help="throughput, interference, family, voice, speculation: rounds of each target, "
+        "alternating",
+    )
+    bench.add_argument(
+        "--lead",
+        type=float,
+        default=0.35,
+        help="speculation: seconds a guess is sent before its turn",
     )
     bench.add_argument(
         "--background", type=int, default=2, help="interference: concurrent background streams"

@@ -208,6 +208,8 @@ async def health(request: web.Request) -> web.Response:
                 "tts": svc.voice.voices[0] if svc.voice else None,
             },
             "wyoming_port": svc.wyoming_port,
+            # Beyond the OpenAI API: `speculative_turns` (`fairlane_speculative` chat turns).
+            "features": ["speculative_turns"],
         },
         status=503 if faults else 200,
     )
@@ -243,6 +245,9 @@ async def stats(request: web.Request) -> web.Response:
     svc = services_of(request)
     body = svc.telemetry.stats(svc.device.snapshot())
     body["policy"] = svc.policy_name
+    # Turns begun on a client's guess: held now, and since start started / claimed / discarded
+    # (a different turn came, a newer guess, a cancel) / expired.
+    body["speculation"] = svc.speculation.stats() if svc.speculation is not None else None
     # `device`: the LLM's loop (as before there were several); `devices`: each loop's.
     devices = {
         name: {"kinds": [k.value for k in loop.engines], **_device_use(loop, body["window_s"])}

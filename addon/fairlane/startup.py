@@ -16,6 +16,7 @@ from fairlane import config as config_mod
 from fairlane.api.common import (
     Services,
 )
+from fairlane.api.speculation import Speculation
 from fairlane.documents.store import DocumentStore
 from fairlane.engines import models, native
 from fairlane.engines.chat_template import ChatTemplate, ChatTemplateError
@@ -163,6 +164,7 @@ def build_services(cfg: config_mod.Config) -> Services:
         data_lock=data_lock,
         placements=placements,
         remotes=remotes,
+        speculation=Speculation(device.cancel),
         documents=DocumentStore(data_dir / "fairlane.sqlite")
         if embedder is not None
         else None,

@@ -40,6 +40,7 @@ from .const import (
 )
 from .coordinator import FairlaneConfigEntry, FairlaneCoordinator, FairlaneData
 from .entity import device_info
+from .guess import TurnGuess
 from .llm_api import DocumentsAPI
 from .services import async_setup_services
 
@@ -88,6 +89,7 @@ async def async_setup_entry(hass: HomeAssistant, entry: FairlaneConfigEntry) -> 
     coordinator = FairlaneCoordinator(hass, entry, client)
     await coordinator.async_config_entry_first_refresh()
     entry.runtime_data = FairlaneData(client, info, coordinator)
+    entry.runtime_data.guess = TurnGuess(client, "speculative_turns" in info.features)
     # The server's device first: each subentry's device names it as the one it is served by.
     server = dr.async_get(hass).async_get_or_create(
         config_entry_id=entry.entry_id, **device_info(entry)

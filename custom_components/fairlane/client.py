@@ -49,6 +49,7 @@ class ServerInfo:
     tts_voice: str | None = None
     # A UUID kept in the server's data directory (older servers publish none).
     instance_id: str | None = None
+    features: tuple[str, ...] = ()  # what it takes beyond the OpenAI API (older servers: none)
 
     @classmethod
     def from_health(cls, body: Any) -> ServerInfo:
@@ -60,6 +61,7 @@ class ServerInfo:
             return str(value) if isinstance(value, str | int) and value != "" else None
 
         port = body.get("wyoming_port")
+        features = body.get("features")
         return cls(
             version=str(body.get("version", "0")),
             policy=str(body.get("policy", "")),
@@ -68,6 +70,9 @@ class ServerInfo:
             wyoming_port=port if isinstance(port, int) else None,
             tts_voice=text(models.get("tts")),
             instance_id=text(body.get("instance_id")),
+            features=tuple(f for f in features if isinstance(f, str))
+            if isinstance(features, list)
+            else (),
         )
 
 
@@ -145,6 +150,13 @@ class FairlaneClient:
                     yield chunk
         except (aiohttp.ClientError, TimeoutError) as err:
             raise FairlaneConnectionError(f"chat stream failed: {err}") from err
+
+    async def guess(self, body: dict[str, Any]) -> str:
+        """Begin a chat turn on a guess of it (`fairlane_speculative`): the server holds its
+        tokens for the same turn sent for real. Returns the guess's id."""
+        body = {**body, "stream": False, "fairlane_speculative": True}
+        answer = await self._json("POST", "/v1/chat/completions", json=body)
+        return str(answer.get("id", ""))
 
     async def transcribe(
         self,

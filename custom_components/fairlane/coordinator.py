@@ -13,6 +13,7 @@ from homeassistant.helpers.update_coordinator import DataUpdateCoordinator, Upda
 
 from .client import FairlaneAuthError, FairlaneClient, FairlaneError, ServerInfo
 from .const import DOMAIN, SCAN_INTERVAL
+from .guess import TurnGuess
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -25,6 +26,7 @@ class FairlaneData:
     info: ServerInfo
     coordinator: FairlaneCoordinator
     device_id: str = ""  # the server's device in the registry, which subentries' devices name
+    guess: TurnGuess | None = None  # the next spoken turn, begun on the early transcript
 
 
 type FairlaneConfigEntry = ConfigEntry[FairlaneData]

@@ -197,6 +197,10 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
                 # cache then holds all of it from the calls before.
                 if answer or round_ == MAX_TOOL_ITERATIONS - 1:
                     request["tool_choice"] = "none"
+            guess = self.entry.runtime_data.guess
+            if guess is not None and round_ == 0 and len(messages) == 2 and not attached and \
+                    isinstance(last, conversation.UserContent):
+                guess.opened(request, last.content)  # a new conversation: a guess's shape
             stream = self.entry.runtime_data.client.chat_stream(request)
             repeated: list[str] = []
             try:
@@ -306,6 +310,7 @@ def _message(content: conversation.Content, written: dict[str, str]) -> dict[str
 
 # Home Assistant's system prompt carries the time to the second (llm.DATE_TIME_PROMPT).
 _MOMENT = re.compile(r"Current time is [^\n]*?\.\s*Today's date is [^\n]*?\.[ \t]*\n?")
+_SECONDS = re.compile(r"\b(\d{1,2}:\d{2}):\d{2}\b")
 
 
 def stable_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -314,7 +319,9 @@ def stable_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     The server's cache reuses the longest prompt prefix it has seen. Home Assistant's system
     prompt holds the time to the second, before the exposed entities' or the tools' text (the
     chat template writes the tools after the system prompt), so two turns seconds apart would
-    share almost nothing. The time and date move to the end of the newest user message.
+    share almost nothing. The time and date move to the end of the newest user message, the
+    time to the minute: a reply needs no seconds, and a turn begun a moment before on the
+    early transcript (`guess`) then has the prompt of the turn that claims it.
     """
     if not messages or messages[0]["role"] != "system":
         return messages
@@ -325,7 +332,8 @@ def stable_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return messages
     out = [dict(m) for m in messages]
     out[0]["content"] = (system[: moment.start()] + system[moment.end() :]).strip()
-    out[users[-1]]["content"] = f"{out[users[-1]]['content']}\n\n({moment.group(0).strip()})"
+    when = _SECONDS.sub(r"\1", moment.group(0).strip())
+    out[users[-1]]["content"] = f"{out[users[-1]]['content']}\n\n({when})"
     return out
 
 

@@ -134,8 +134,10 @@ class FairlaneSpeechToText(stt.SpeechToTextEntity, FairlaneSubentryEntity):
     end the utterance. At the first 0.3 s of quiet after speech the audio so far is sent for
     transcription; if nothing loud comes after it, that transcript is the answer when the
     stream ends (it is usually ready by then); if the speaker goes on, it is dropped and the
-    whole utterance is sent at the end. The server transcribes complete utterances (≤ 30 s);
-    on a LAN the upload of a few seconds of 16 kHz audio costs milliseconds."""
+    whole utterance is sent at the end. An early transcript ready while the stream still runs
+    begins the agent's turn on the server at once (`guess`). The server transcribes complete
+    utterances (≤ 30 s); on a LAN the upload of a few seconds of 16 kHz audio costs
+    milliseconds."""
 
     _attr_name = None
 
@@ -175,14 +177,25 @@ class FairlaneSpeechToText(stt.SpeechToTextEntity, FairlaneSubentryEntity):
         rate = int(metadata.sample_rate)
         pause = Pause(rate=rate, vad=micro_vad() if rate == 16000 else None)
         early: asyncio.Task[str] | None = None
+        streaming = True
+        guess = self.entry.runtime_data.guess
+
+        def transcribed(task: asyncio.Task[str]) -> None:
+            # The words are here before the end of speech: the agent's turn can begin.
+            if streaming and pause.still_quiet and guess is not None and not task.cancelled() \
+                    and task.exception() is None:
+                self.hass.async_create_task(guess.send(task.result().strip()))
+
         try:
             async for chunk in stream:
                 audio += chunk
                 if pause.feed(chunk) and early is None:
                     early = self.hass.async_create_task(self._transcribe(bytes(audio), metadata))
+                    early.add_done_callback(transcribed)
                 elif early is not None and (pause.speaking or pause.voice_after_pause):
                     early.cancel()  # they went on talking: the guess is stale
                     early = None
+            streaming = False
             if early is not None and pause.still_quiet:
                 text = await early  # nothing said since the pause: the guess stands
             else:
@@ -191,10 +204,13 @@ class FairlaneSpeechToText(stt.SpeechToTextEntity, FairlaneSubentryEntity):
             _LOGGER.exception("Transcription failed")
             return stt.SpeechResult(None, stt.SpeechResultState.ERROR)
         finally:
+            streaming = False
             if early is not None and not early.done():
                 early.cancel()
                 with contextlib.suppress(asyncio.CancelledError, FairlaneError):
                     await early
+        if guess is not None:
+            guess.heard(text.strip())
         return stt.SpeechResult(text.strip(), stt.SpeechResultState.SUCCESS)
 
     async def _transcribe(self, audio: bytes, metadata: stt.SpeechMetadata) -> str:

@@ -32,6 +32,7 @@ from fairlane.api.message_parts import read_parts
 from fairlane.api.openapi import WHOLE, operation
 from fairlane.api.remote import lane_for, remote_chat, remote_generate
 from fairlane.api.response_format import output_grammar
+from fairlane.api.speculation import Guess, Speculation
 from fairlane.api.tool_calls import tool_call_grammar
 from fairlane.engines.chat_template import ChatTemplateError, may_be_tool_call, parse_tool_calls
 from fairlane.engines.llm import (
@@ -128,6 +129,14 @@ CHAT_REQUEST = vol.Schema(
             "llama.cpp's server: a small model under a grammar may go on calling tools it was "
             "never asked for)",
         ): vol.Any(bool, None),
+        vol.Optional(
+            "fairlane_speculative",
+            description="begin this turn on a guess (a voice client's transcript at the "
+            "speaker's first pause): the answer is 202 with the guess's id, and the tokens are "
+            "held for the same client's next request if it is the same turn; any other turn, "
+            "a newer guess, a cancel or the expiry discards it (its KV freed, its tokens sent "
+            "to no one)",
+        ): bool,
         vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
         vol.Optional("priority", description=PRIORITY_FIELD): vol.Any(None, WHOLE, str),
         vol.Optional("deadline_ms", description=DEADLINE_FIELD): vol.Any(None, vol.Coerce(float)),
@@ -151,11 +160,15 @@ CHAT_REQUEST = vol.Schema(
 )
 
 
-@operation("Cancel a running completion; its KV is freed at the next iteration", errors=(401, 404))
+@operation(
+    "Cancel a running completion or a held guess; its KV is freed at the next iteration",
+    errors=(401, 404),
+)
 async def cancel_completion(request: web.Request) -> web.Response:
     svc = services_of(request)
     completion_id = request.match_info["id"]
-    if not svc.device.cancel(completion_id) and not any(
+    discarded = svc.speculation is not None and svc.speculation.discard(completion_id)
+    if not discarded and not svc.device.cancel(completion_id) and not any(
         lane.cancel(completion_id) for lane in svc.remotes
     ):
         raise ApiError(404, f"no running completion {completion_id!r}", code="not_found")
@@ -187,7 +200,11 @@ class _Turn:
 
 @operation(
     "Chat completion (SSE with stream: true)",
-    ok={200: "chat.completion, or text/event-stream of chat.completion.chunk ending in [DONE]"},
+    ok={
+        200: "chat.completion, or text/event-stream of chat.completion.chunk ending in [DONE]",
+        202: "with fairlane_speculative: the guess is running ({id, object: "
+        "chat.completion.guess, expires_in_s})",
+    },
     errors=(400, 401, 413, 429, 502, 503, 504),
     json=CHAT_REQUEST,
     class_header=True,
@@ -198,7 +215,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     template = chat_template(svc)
     priority = request_class(request, body, Priority.CHAT)
     client = body.get("user") or request.headers.get("X-Fairlane-Client") or "anonymous"
+    speculative = bool(body.get("fairlane_speculative"))
     if (lane := lane_for(svc, priority)) is not None:
+        if speculative:
+            raise ApiError(
+                400, f"{priority.label} turns run on a remote lane, where a turn cannot be "
+                "begun on a guess", param="fairlane_speculative",
+            )
         return await remote_chat(request, svc, lane, body, priority, client)
     refuse_early(svc, priority, Kind.LLM)
     if any(isinstance(m.get("content"), list) for m in body["messages"]):
@@ -253,29 +276,53 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         grammar=grammar,
         grammar_triggers=triggers,
     )
-    turn = _Turn(f"chatcmpl-{uuid.uuid4().hex}", asyncio.Queue(), len(prompt))
     loop = asyncio.get_running_loop()
-    policy_request = Request(
-        turn.id,
-        Kind.LLM,
-        priority,
-        client,
-        0.0,
-        prompt_tokens=len(prompt),
-        max_tokens=max_tokens,
-        deadline_s=request_deadline(request, body),
-    )
 
-    sink = LoopSink(loop, turn.queue.put_nowait)
-    admission = svc.device.submit(
-        policy_request, lambda: svc.engine.add(turn.id, prompt, params), sink
-    )
-    if not admission.accepted:
-        svc.telemetry.refuse(priority)
-        raise refused(admission)
-    turn.cached_tokens = policy_request.cached_tokens
+    def admit(request_id: str, deliver: Any) -> Request:
+        policy_request = Request(
+            request_id,
+            Kind.LLM,
+            priority,
+            client,
+            0.0,
+            prompt_tokens=len(prompt),
+            max_tokens=max_tokens,
+            deadline_s=request_deadline(request, body),
+        )
+        admission = svc.device.submit(
+            policy_request,
+            lambda: svc.engine.add(request_id, prompt, params),
+            LoopSink(loop, deliver),
+        )
+        if not admission.accepted:
+            svc.telemetry.refuse(priority)
+            raise refused(admission)
+        return policy_request
+
+    speculation = svc.speculation
+    key = Speculation.key(prompt_text, params, priority.label, body)
+    if speculative:
+        if speculation is None:
+            raise ApiError(400, "this server holds no guesses", param="fairlane_speculative")
+        guess = Guess(f"chatcmpl-{uuid.uuid4().hex}", key, client, len(prompt))
+        guess.cached_tokens = admit(guess.id, guess.deliver).cached_tokens
+        speculation.hold(guess)
+        return web.json_response(
+            {"id": guess.id, "object": "chat.completion.guess", "expires_in_s": speculation.ttl_s},
+            status=202,
+        )
+    claimed = speculation.claim(key, client) if speculation is not None else None
+    if claimed is not None:
+        # The guess was this turn: its tokens so far are read at once, the rest as they come;
+        # the turn's latency is measured from this request's arrival.
+        turn = _Turn(claimed.id, claimed.queue, len(prompt), cached_tokens=claimed.cached_tokens)
+        arrival = svc.device.clock()
+    else:
+        turn = _Turn(f"chatcmpl-{uuid.uuid4().hex}", asyncio.Queue(), len(prompt))
+        policy_request = admit(turn.id, turn.queue.put_nowait)
+        turn.cached_tokens, arrival = policy_request.cached_tokens, policy_request.arrival
     record = svc.telemetry.begin(
-        Kind.LLM, priority, client, len(prompt), policy_request.arrival, turn.cached_tokens
+        Kind.LLM, priority, client, len(prompt), arrival, turn.cached_tokens
     )
     try:
         # The first token before the response starts: a turn that fails or expires while it

@@ -19,6 +19,7 @@ from wyoming.server import AsyncTcpServer
 
 from fairlane import config as config_mod
 from fairlane.api.openapi import operation_of
+from fairlane.api.speculation import Speculation
 from fairlane.documents.store import DocumentStore
 from fairlane.engines.chat_template import ChatTemplate
 from fairlane.engines.embed import EmbeddingEngine
@@ -263,6 +264,8 @@ class Services:
     components: dict[str, Component] = field(default_factory=dict)
     # Lanes on other machines (`remotes:`), each serving some classes' LLM or embedding work.
     remotes: list[RemoteLane] = field(default_factory=list)
+    # Chat turns begun on a client's guess, held for the request that claims them.
+    speculation: Speculation | None = None
 
 
 SERVICES = web.AppKey("services", Services)
