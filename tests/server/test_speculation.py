@@ -14,7 +14,8 @@ from tests.server.conftest import wait_for
 from tests.server.test_chat_api import client, http
 
 # A turn long enough to be still running when the next request comes.
-COUNTING = [{"role": "user", "content": "Count from one to two hundred in words, separated by commas."}]
+COUNTING = [{"role": "user",
+             "content": "Count from one to two hundred in words, separated by commas."}]
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 
 
