@@ -46,11 +46,12 @@ async def test_a_spoken_command_turns_on_the_light(
     assert after["requests"] > before["requests"]  # the agent's model calls: voice
 
 
-async def test_a_turn_begun_on_the_early_transcript_is_claimed(
+async def test_a_turn_begun_on_the_early_transcript_is_claimed_or_dropped(
     hass: HomeAssistant, entry: MockConfigEntry
 ) -> None:
     """Where the transcript at the speaker's pause is ready while the audio still streams, the
-    agent's turn is begun on the server then, and the agent's request claims it.
+    agent's turn is begun on the server then, and the agent's request claims it; if the
+    speaker goes on, the begun turn is dropped at once.
 
     On these cores Whisper is slower than the pipeline's wait for the end of speech, so the
     stream is held open until the guess has reached the server (a GPU's Whisper gives that
@@ -96,6 +97,30 @@ async def test_a_turn_begun_on_the_early_transcript_is_claimed(
     assert after["claimed"] == before["claimed"] + 1  # the agent's request was the guessed turn
     assert after["discarded"] == before["discarded"] and after["held"] == 0
     assert hass.states.get("light.kitchen_lights").state == "on"
+
+    # They go on talking after the guess is in: the integration drops it there and then (the
+    # server frees it before the real turn comes), and the real turn runs afresh.
+    before = after
+
+    async def paused_then_resumed() -> Any:
+        pause = Pause(rate=16000, vad=micro_vad())
+        async for chunk in _then(spoken("command-00.wav"), [bytes(1024)] * 30):
+            yield chunk
+            if pause.feed(chunk):
+                break
+        async with asyncio.timeout(600):
+            while (await client.stats())["speculation"]["started"] == before["started"]:
+                await asyncio.sleep(0.05)
+        async for chunk in spoken("command-00.wav"):
+            yield chunk
+        async with asyncio.timeout(120):  # dropped by the speech-to-text, not by the turn
+            while (await client.stats())["speculation"]["discarded"] == before["discarded"]:
+                await asyncio.sleep(0.05)
+
+    await turn(paused_then_resumed())
+    after = (await client.stats())["speculation"]
+    assert after["claimed"] == before["claimed"] and after["held"] == 0
+    assert after["discarded"] == before["discarded"] + 1
 
 
 async def _then(first: Any, rest: list[bytes]) -> Any:

@@ -158,6 +158,10 @@ class FairlaneClient:
         answer = await self._json("POST", "/v1/chat/completions", json=body)
         return str(answer.get("id", ""))
 
+    async def cancel(self, completion_id: str) -> None:
+        """Cancel a running completion or a held guess (its KV is freed)."""
+        await self._json("POST", f"/v1/chat/completions/{completion_id}/cancel")
+
     async def transcribe(
         self,
         audio: bytes,

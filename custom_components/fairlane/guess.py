@@ -42,6 +42,8 @@ class TurnGuess:
         self.enabled = enabled  # the server takes guesses (`speculative_turns` in /health)
         self._heard: tuple[str, float] | None = None  # the last transcript, and when
         self._opening: tuple[dict[str, Any], str] | None = None  # a request, and its words
+        self._sent: str | None = None  # the id of the last guess sent
+        self._dropped = False  # dropped while it was being sent
 
     def heard(self, text: str) -> None:
         """A transcript was handed to the pipeline."""
@@ -78,7 +80,22 @@ class TurnGuess:
         """Begin the turn for `words` on the server (a guess: failures are only logged)."""
         if not self.enabled or (body := self.body(words)) is None:
             return
+        self._dropped = False
         try:
-            await self._client.guess(body)
+            self._sent = await self._client.guess(body)
         except FairlaneError as err:
             _LOGGER.debug("The guessed turn was not taken: %s", err)
+            return
+        if self._dropped:
+            await self.drop()
+
+    async def drop(self) -> None:
+        """The person went on talking: the guess is wrong, and the server stops it now rather
+        than when the real turn comes (on a CPU its prefill holds the device until then)."""
+        sent, self._sent = self._sent, None
+        self._dropped = sent is None  # still on its way: `send` drops it when it is in
+        if sent:
+            try:
+                await self._client.cancel(sent)
+            except FairlaneError as err:  # already claimed, discarded or expired
+                _LOGGER.debug("The guess %s was not cancelled: %s", sent, err)

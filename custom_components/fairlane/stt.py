@@ -193,7 +193,9 @@ class FairlaneSpeechToText(stt.SpeechToTextEntity, FairlaneSubentryEntity):
                     early = self.hass.async_create_task(self._transcribe(bytes(audio), metadata))
                     early.add_done_callback(transcribed)
                 elif early is not None and (pause.speaking or pause.voice_after_pause):
-                    early.cancel()  # they went on talking: the guess is stale
+                    if early.done() and guess is not None:
+                        self.hass.async_create_task(guess.drop())  # so is the turn begun on it
+                    early.cancel()  # they went on talking: the transcript is stale
                     early = None
             streaming = False
             if early is not None and pause.still_quiet:

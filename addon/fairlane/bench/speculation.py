@@ -14,8 +14,9 @@ turns command by command (plain, guessed, wrong, plain, …):
 - `wrong`: a guess of other words at t - lead, then the turn at t, which discards it.
 
 Each command is a household device command after a system prompt of devices and tools (held
-in the prefix cache, as Home Assistant's is); each user message ends with the time to the
-second, as the integration sends it, so no two prompts are the same. Reported from t: the first
+in the prefix cache, as Home Assistant's is), each naming another device than the one before
+it, so every turn finds the same share of its prompt in the cache; each user message ends with
+the time, as the integration sends it, so no two prompts are the same. Reported from t: the first
 streamed delta (text or a tool call) and the reply's end, p50 / p95, and the ratios to plain.
 """
 
@@ -94,14 +95,17 @@ def _guess(url: str, body: dict[str, Any]) -> None:
         assert response.status == 202, response.status
 
 
-def _turn(url: str, way: str, index: int, moment: int, lead_s: float) -> dict[str, float]:
-    """Command `index` (the same for each way in a round), at its own `moment` (unique)."""
+def _turn(url: str, way: str, index: int, lead_s: float) -> dict[str, float]:
+    """The `index`th turn: each names another device than the turn before it (the prefix cache
+    then holds the same share of every turn's prompt), at its own time of day."""
     words = f"Turn on the {DEVICES[index % len(DEVICES)]}."
-    body = _body(words, moment)
+    body = _body(words, index)
     if way != "plain":
-        other = f"Turn off the {DEVICES[(index + 3) % len(DEVICES)]}."
-        _guess(url, body if way == "guessed" else _body(other, moment))
-        time.sleep(lead_s)  # the lead: the time the guess's words come before the turn
+        other = f"Turn off the {DEVICES[(index + 5) % len(DEVICES)]}."
+        guessed = time.monotonic()
+        _guess(url, body if way == "guessed" else _body(other, index))
+        # The lead, from the guess's send to the turn's (the guess's 202 comes within it).
+        time.sleep(max(0.0, lead_s - (time.monotonic() - guessed)))
     sent = time.monotonic()
     first, end = _post(url, body)
     return {"first_s": (first or end) - sent, "end_s": end - sent}
@@ -117,10 +121,10 @@ def speculation(threads: int, rounds: int, lead_s: float) -> dict[str, Any]:
     rows: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
     with fairlane_server("fairlane", threads, 4) as server:
         for n, way in enumerate(WAYS):  # equal warm-up (the system prompt enters the cache)
-            _turn(server.url, way, n, 40_000 + n, lead_s)
+            _turn(server.url, way, 40_000 + n, lead_s)
         for round_ in range(rounds):
-            for n, way in enumerate(WAYS):  # the same command, each at its own time of day
-                row = _turn(server.url, way, round_, round_ * len(WAYS) + n, lead_s)
+            for n, way in enumerate(WAYS):
+                row = _turn(server.url, way, round_ * len(WAYS) + n, lead_s)
                 rows[way].append(row)
                 print(f"round {round_} {way:8s} first {row['first_s']:.3f} s, "
                       f"end {row['end_s']:.3f} s", flush=True)
