@@ -139,12 +139,14 @@ def speculation(threads: int, rounds: int, lead_s: float) -> dict[str, Any]:
         }
     base = table["plain"]
     print(f"\nlead {lead_s:.2f} s, {rounds} turns each, threads {threads}; from the turn's send:")
-    print("| way | first delta p50 / p95 (s) | end p50 / p95 (s) | end p50 / plain |")
-    print("|---|---|---|---|")
+    print("| way | first delta p50 / p95 (s) | end p50 / p95 (s) | end stdev (s) | "
+          "end p50 / plain |")
+    print("|---|---|---|---|---|")
     for way, row in table.items():
         ratio = row["end_s"]["p50"] / base["end_s"]["p50"]
         print(f"| {way} | {row['first_s']['p50']:.3f} / {row['first_s']['p95']:.3f} | "
-              f"{row['end_s']['p50']:.3f} / {row['end_s']['p95']:.3f} | {ratio:.2f} |")
+              f"{row['end_s']['p50']:.3f} / {row['end_s']['p95']:.3f} | "
+              f"{row['end_s']['stdev']:.3f} | {ratio:.2f} |")
     print(f"server's speculation counts: {counts}")
     return {"lead_s": lead_s, "rounds": rounds, "threads": threads, "ways": table,
             "speculation": counts, "turns": rows}
