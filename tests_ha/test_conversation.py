@@ -95,6 +95,9 @@ async def test_a_done_action_is_confirmed_in_the_next_round(
     assert sent[1]["tool_choice"] == "none" and sent[1]["tools"] == sent[0]["tools"]
     result_message = sent[1]["messages"][-1]
     assert result_message["role"] == "tool" and "action_done" in result_message["content"]
+    # Said in words: free, the default model read the result back as JSON.
+    speech = result.response.speech["plain"]["speech"]
+    assert sent[1]["fairlane_words"] is True and not set("{}[]`") & set(speech), speech
 
 
 async def test_a_call_goes_back_as_the_model_wrote_it(

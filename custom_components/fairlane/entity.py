@@ -197,6 +197,8 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
                 # cache then holds all of it from the calls before.
                 if answer or round_ == MAX_TOOL_ITERATIONS - 1:
                     request["tool_choice"] = "none"
+                    # In words: the default model echoes a tool's result as JSON otherwise.
+                    request["fairlane_words"] = True
             guess = self.entry.runtime_data.guess
             if guess is not None and round_ == 0 and len(messages) == 2 and not attached and \
                     isinstance(last, conversation.UserContent):

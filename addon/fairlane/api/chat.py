@@ -31,7 +31,7 @@ from fairlane.api.common import (
 from fairlane.api.message_parts import read_parts
 from fairlane.api.openapi import WHOLE, operation
 from fairlane.api.remote import lane_for, remote_chat, remote_generate
-from fairlane.api.response_format import output_grammar
+from fairlane.api.response_format import WORDS_GRAMMAR, output_grammar
 from fairlane.api.speculation import Guess, Speculation
 from fairlane.api.tool_calls import tool_call_grammar
 from fairlane.engines.chat_template import ChatTemplateError, may_be_tool_call, parse_tool_calls
@@ -136,6 +136,14 @@ CHAT_REQUEST = vol.Schema(
             "held for the same client's next request if it is the same turn; any other turn, "
             "a newer guess, a cancel or the expiry discards it (its KV freed, its tokens sent "
             "to no one)",
+        ): bool,
+        vol.Optional(
+            "fairlane_words",
+            description="a reply in words: it opens with a letter or a digit and holds no "
+            "braces, brackets or backticks (a reply to be read or spoken: after a tool's result "
+            "the small default model otherwise echoes the result as JSON); only where no other "
+            "grammar applies (no response_format, and no tool call possible: tool_choice none "
+            "or no tools)",
         ): bool,
         vol.Optional("fairlane_class"): vol.In(PRIORITY_NAMES),
         vol.Optional("priority", description=PRIORITY_FIELD): vol.Any(None, WHOLE, str),
@@ -266,6 +274,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             template_shape=template.tagged_tool_calls and (forced or not after_result),
             parallel=bool(body.get("parallel_tool_calls")),
         )
+    if body.get("fairlane_words") and grammar is None and not tools:
+        grammar = WORDS_GRAMMAR
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=0.7 if body.get("temperature") is None else body["temperature"],

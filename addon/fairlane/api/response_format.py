@@ -22,6 +22,11 @@ from fairlane.engines.native import import_llama_cpp
 
 llama_grammar = import_llama_cpp("llama_grammar")
 
+# `fairlane_words`: a reply in words. It opens with a letter or a digit (of any script) and
+# holds no braces, brackets or backticks: barred only from its first character, the default
+# model opened with ">" or a quote and went on with the JSON.
+WORDS_GRAMMAR = r"root ::= [A-Za-z0-9\u00C0-\U0010FFFF] [^{}\[\]`\x00]*"
+
 MAX_REPEAT = 500  # the largest count a schema may ask for (length, items, properties)
 MAX_SCHEMA_BYTES = 32 * 1024
 MAX_DEPTH = 24  # nested objects and arrays in the schema document
