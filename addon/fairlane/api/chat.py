@@ -310,11 +310,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return policy_request
 
     speculation = svc.speculation
-    key = Speculation.key(prompt_text, params, priority.label, body)
+    key = Speculation.key(prompt_text, params, priority.label, body.get("tool_choice"))
     if speculative:
         if speculation is None:
             raise ApiError(400, "this server holds no guesses", param="fairlane_speculative")
-        guess = Guess(f"chatcmpl-{uuid.uuid4().hex}", key, client, len(prompt))
+        guess = Guess(f"chatcmpl-{uuid.uuid4().hex}", key, client)
         guess.cached_tokens = admit(guess.id, guess.deliver).cached_tokens
         speculation.hold(guess)
         return web.json_response(

@@ -37,7 +37,6 @@ class Guess:
     id: str
     key: str  # what a claiming request must match (`Speculation.key`)
     client: str
-    prompt_tokens: int
     queue: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     cached_tokens: int = 0
     failed: bool = False  # it ended in an error, a deadline or a cancel: no one may claim it
@@ -67,11 +66,11 @@ class Speculation:
         self.counts = {"started": 0, "claimed": 0, "discarded": 0, "expired": 0}
 
     @staticmethod
-    def key(prompt_text: str, params: Any, priority: str, body: dict[str, Any]) -> str:
+    def key(prompt_text: str, params: Any, priority: str, tool_choice: Any) -> str:
         """The turn a request asks for, as far as its reply depends on it: the rendered
         prompt, the sampling parameters (grammar included), the class and the tool choice
         (which decides whether the reply is read as tool calls)."""
-        return repr((prompt_text, params, priority, body.get("tool_choice")))
+        return repr((prompt_text, params, priority, tool_choice))
 
     def hold(self, guess: Guess) -> None:
         """Keep a running guess for its claim; it replaces the client's older guess."""
