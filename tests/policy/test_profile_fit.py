@@ -104,11 +104,17 @@ def test_an_implausible_correction_is_reported_not_clamped() -> None:
 
 @pytest.mark.parametrize("name", ["cpu-2core", "h200"])
 @pytest.mark.parametrize("held", [0, 4000])
-def test_the_prefill_room_fills_the_budget_exactly_with_attention(name: str, held: int) -> None:
-    """The largest chunk that fits: new tokens attend to every held cell and to each other."""
+@pytest.mark.parametrize("position", [0, 3000])
+def test_the_prefill_room_fills_the_budget_exactly_with_attention(
+    name: str, held: int, position: int
+) -> None:
+    """The largest chunk that fits: new tokens attend to every held cell and to each other,
+    and a chunk deep in its prompt pays for its position (a chunk at 3,000 tokens was once
+    sized as if it started the prompt, and its step overran the budget)."""
     cost = CostModel(load(name)[0])
     budget = 0.5 if name == "cpu-2core" else 0.05
-    n = cost.prefill_tokens_within(budget, 0, 2, 300, held)
+    n = cost.prefill_tokens_within(budget, 0, 2, 300, held, position)
     assert n > 0
-    assert cost.llm_s(n, 2, 300 + n, held + n) <= budget
-    assert cost.llm_s(n + 1, 2, 300 + n + 1, held + n + 1) > budget
+    context = 300 + position
+    assert cost.llm_s(n, 2, context + n, held + n) <= budget
+    assert cost.llm_s(n + 1, 2, context + n + 1, held + n + 1) > budget

@@ -19,6 +19,7 @@ from fairlane.policy import (
     make_policy,
 )
 from fairlane.policy.fairness import FairQueue
+from fairlane.profiles import load as load_profile
 from tests.policy.helpers import (
     BACKGROUND,
     CHAT,
@@ -155,6 +156,33 @@ def test_between_turns_on_a_cpu_background_steps_grow_to_the_forecast_wait() -> 
     assert 0.05 < between.predicted_s <= 0.25 + 1e-9
     quiet, _, _ = step(policy, now + 30.0)
     assert isinstance(quiet, LlmPlan) and quiet.budget_s == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("least", [1, 8])
+def test_a_background_prompt_beside_held_kv_keeps_to_the_slice_on_a_cpu(least: int) -> None:
+    """Rule 2 where one prompt token costs most of the slice: on the fitted 2-core profile a
+    summary 1,500 tokens in pays ~40 ms of fixed and position cost before its first token, so
+    between the turns of a conversation its step is 1 token, within the 50 ms slice; the old
+    floor of 8 tokens (`background_min_chunk=8`) ran ~2x the slice, and an arrival waited for
+    it."""
+    config = replace(PolicyConfig(), slice_ms=50.0, background_min_chunk=least).scaled(8)
+    policy = make_policy("fairlane", config, CostModel(load_profile("cpu-2core")[0]))
+    policy.add(llm("doc", BACKGROUND, client="docs", prompt=3000, max_tokens=4), 0.0)
+    now = 0.0
+    while policy.requests["doc"].computed_tokens < 1500:  # nobody talking: large steps
+        _, _, now = step(policy, now)
+    policy.add(llm("turn", CHAT, prompt=20, max_tokens=1, arrival=now), now)
+    while "turn" in policy.requests:
+        _, _, now = step(policy, now)
+    plan, _, _ = step(policy, now + 0.5)  # mid-turn: the next request of the turn may come
+    assert isinstance(plan, LlmPlan) and ids(plan) == ["doc"]
+    assert plan.budget_s == pytest.approx(0.05)
+    if least == 1:
+        assert 1 <= chunk_of(plan, "doc").num_tokens < 8
+        assert plan.predicted_s <= 0.05
+    else:
+        assert chunk_of(plan, "doc").num_tokens == 8
+        assert plan.predicted_s > 1.5 * 0.05
 
 
 def test_the_forecast_wait_is_the_slice_on_a_gpu_and_never_above_the_arrival_wait() -> None:

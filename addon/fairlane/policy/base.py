@@ -92,12 +92,13 @@ class IterationBuilder:
             self.held + prefill + decodes,
         )
 
-    def prefill_room(self, budget_s: float | None) -> int:
-        """Prefill tokens that still fit both the token budget and the time budget."""
+    def prefill_room(self, budget_s: float | None, position: int = 0) -> int:
+        """Prefill tokens of a chunk starting at `position` in its sequence that still fit
+        both the token budget and the time budget."""
         if budget_s is None:
             return self.token_room
         fits = self.cost.prefill_tokens_within(
-            budget_s, self.prefill, self.decodes, self.context, self.held
+            budget_s, self.prefill, self.decodes, self.context, self.held, position
         )
         return min(self.token_room, fits)
 

@@ -50,6 +50,11 @@ class PolicyConfig:
     max_batch_tokens: int = 2048
     max_num_seqs: int = 32
     min_prefill_chunk: int = 8
+    # Rule 2 for background prompts: an otherwise empty step runs at least this many prompt
+    # tokens even past its time bound. 1 keeps background steps within the slice wherever one
+    # token fits it; on 2 CPU cores beside long summaries' KV an 8-token chunk takes 3x the
+    # slice, so an arrival waited for 3 slices (docs/benchmarks.md).
+    background_min_chunk: int = 1
     # Plan iterations to this fraction of the tightest ITL target, for noise in step times.
     itl_headroom: float = 0.8
     # Rule 4 for voice: a spoken reply is heard once whole sentences are written, so its pace is

@@ -255,10 +255,14 @@ class CostModel:
         decode_seqs: int,
         context_tokens: int,
         held_tokens: int = 0,
+        position: int = 0,
     ) -> int:
         """The most extra prefill tokens an iteration can carry and still finish in `budget_s`
-        (each new token is held and attended to as well)."""
-        spare_s = budget_s - self.llm_s(prefill_tokens, decode_seqs, context_tokens, held_tokens)
+        (each new token is held and attended to as well); `position`: where the chunk starts in
+        its sequence (a chunk at position p with n tokens adds p + n to the context)."""
+        spare_s = budget_s - self.llm_s(
+            prefill_tokens, decode_seqs, context_tokens + position, held_tokens
+        )
         w = self.fits[Kind.LLM].weights
         c = self.profile.llm
         if not prefill_tokens:  # the first prompt chunk brings the prompt's fixed cost

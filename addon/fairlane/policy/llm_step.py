@@ -186,17 +186,24 @@ class LlmIteration(Lanes):
     ) -> bool:
         """Add the largest chunk of `request`'s prompt that the budgets allow.
 
-        Progress is guaranteed: the first interactive prompt of an iteration, or anything in an
-        otherwise empty one, gets at least `min_prefill_chunk` tokens even when the decodes
-        already fill the time budget. `now` is given for a waiting request, which also needs a
-        sequence slot: an interactive one takes a background sequence's slot (rule 5).
+        Progress is guaranteed: the first interactive prompt of an iteration gets at least
+        `min_prefill_chunk` tokens even when the decodes already fill the time budget, and a
+        background prompt in an otherwise empty one `background_min_chunk` (1: the step keeps
+        to its bound wherever one token fits it, rule 2). `now` is given for a waiting request,
+        which also needs a sequence slot: an interactive one takes a background sequence's
+        slot (rule 5).
         """
-        room = batch.prefill_room(budget_s)
-        if room < self.config.min_prefill_chunk:
-            guaranteed = not batch.chunks or (request.priority.interactive and not batch.prefill)
+        room = batch.prefill_room(budget_s, request.computed_tokens)
+        if request.priority.interactive:
+            least = self.config.min_prefill_chunk
+            guaranteed = not batch.chunks or not batch.prefill
+        else:
+            least = self.config.background_min_chunk
+            guaranteed = not batch.chunks
+        if room < least:
             if not guaranteed:
                 return False
-            room = min(self.config.min_prefill_chunk, batch.token_room)
+            room = min(least, batch.token_room)
         num_tokens = min(request.remaining_prefill, room)
         if num_tokens <= 0 or (request.status is Status.WAITING and batch.full):
             return False
