@@ -35,6 +35,7 @@ from tests.server.conftest import TOKEN, server_config
 from tests.server.test_ordering import LONG_PROMPT
 
 from fairlane.policy import Kind
+from fairlane.runtime.metrics import percentile
 from fairlane.server import BackgroundServer
 
 ALONE_S = 40.0
@@ -119,7 +120,8 @@ def main(settings: list[str]) -> None:
             took = [r.end - r.start for r in group]
             line = (
                 f"planned to {name}: {len(group):4d} steps, "
-                f"p50 {statistics.median(took) * 1000:6.1f} ms"
+                f"p50 {statistics.median(took) * 1000:6.1f} ms, "
+                f"p95 {(percentile(took, 95) or 0.0) * 1000:6.1f} ms"
             )
             if prefill:
                 rate = sum(r.prefill_tokens for r in prefill) / sum(
