@@ -26,18 +26,21 @@ def row_name(record: RequestRecord) -> str:
 
 
 def background_done(records: list[RequestRecord], duration_s: float) -> tuple[float, float]:
-    """Background LLM tokens (prompt and output) and embedded tokens finished within the
-    workload's duration, per second: what `bench family` measures on a real server."""
+    """Background work done within the workload's duration, per second, counted as `bench
+    family` counts it on a real server: LLM tokens (the prompt of an answer that began, and
+    every token out by then: a summary cut at the end counts what it got through) and the
+    tokens of embedding requests finished."""
     llm = embedded = 0
     for record in records:
-        if record.priority.interactive or record.finished_at is None:
-            continue
-        if record.finished_at > duration_s:
+        if record.priority.interactive:
             continue
         if record.kind is Kind.EMBED:
-            embedded += record.prompt_tokens
-        else:
-            llm += record.prompt_tokens + len(record.token_times)
+            if record.finished_at is not None and record.finished_at <= duration_s:
+                embedded += record.prompt_tokens
+            continue
+        received = sum(1 for t in record.token_times if t <= duration_s)
+        if received:
+            llm += record.prompt_tokens + received
     return llm / duration_s, embedded / duration_s
 
 
