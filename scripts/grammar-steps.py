@@ -18,7 +18,7 @@ import uuid
 
 from fairlane.api.response_format import llama_grammar
 from fairlane.api.tool_calls import tool_call_grammar
-from fairlane.engines import llm, models
+from fairlane.engines import llm, models, sampling
 from fairlane.engines.chat_template import ChatTemplate
 from fairlane.policy import Chunk, LlmPlan, Priority
 
@@ -61,9 +61,9 @@ def main() -> None:
         "json_object": (str(llama_grammar.JSON_GBNF), None, "Describe Paris as a JSON object."),
         "tool call": (tool_grammar, TOOLS, "Turn on the kitchen light."),
     }
-    checked_first = llm.Candidates.allows
+    checked_first = sampling.Candidates.allows
 
-    def never(self: llm.Candidates, grammar: object, token: int) -> bool:
+    def never(self: sampling.Candidates, grammar: object, token: int) -> bool:
         return False  # every step masks the whole vocabulary, as the grammar-first chain did
 
     print(f"{'case':12} {'round':>5} {'mask every step ms':>19} {'checked first ms':>17} "
@@ -73,12 +73,12 @@ def main() -> None:
         for round_ in range(args.rounds + 1):  # round 0 warms both up, and is not printed
             medians = {}
             for way in ("mask", "check"):
-                llm.Candidates.allows = never if way == "mask" else checked_first  # type: ignore[method-assign]
+                sampling.Candidates.allows = never if way == "mask" else checked_first  # type: ignore[method-assign]
                 text = template.render(
                     [{"role": "user", "content": f"({uuid.uuid4().hex[:8]}) {ask}"}], tools)
                 medians[way] = statistics.median(reply_steps(engine, engine.tokenize(text),
                                                              grammar)) * 1000
-            llm.Candidates.allows = checked_first  # type: ignore[method-assign]
+            sampling.Candidates.allows = checked_first  # type: ignore[method-assign]
             if round_:
                 ratios.append(medians["mask"] / medians["check"])
                 print(f"{case:12} {round_:5} {medians['mask']:19.1f} {medians['check']:17.1f} "

@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from fairlane import __version__
-from fairlane.policy import POLICIES
 from fairlane.runtime import host
+
+# Nothing at this module's top may import numpy, llama.cpp, onnxruntime or torch: `main` sets
+# the thread environment first, and each native library reads it once, when it loads
+# (tests/runtime/test_host.py checks). Each command imports what it runs.
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -105,6 +108,8 @@ def _capacity(args: argparse.Namespace, budgets: Any, policies: list[str]) -> in
 
 
 def _policies(value: str) -> list[str]:
+    from fairlane.policy import POLICIES
+
     names = [name.strip() for name in value.split(",") if name.strip()]
     unknown = [name for name in names if name not in POLICIES]
     if unknown or not names:
@@ -354,6 +359,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fairlane.policy import POLICIES
+
     parser = argparse.ArgumentParser(prog="fairlane", description="One home GPU, many voices.")
     parser.add_argument("--version", action="version", version=f"fairlane {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

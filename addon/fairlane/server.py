@@ -30,6 +30,7 @@ from fairlane import config as config_mod
 from fairlane.api.chat import cancel_completion, chat_completions
 from fairlane.api.common import (
     CLIENT_GRANT,
+    CLIENT_TOKEN,
     SERVICES,
     WYOMING,
     ApiError,
@@ -104,10 +105,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 def auth_middleware(server: config_mod.ServerConfig) -> Any:
     """Bearer tokens: `server.token` may claim every class; each of `server.clients` has its
     own token and class ceiling, which the handlers read from the request (CLIENT_GRANT)."""
-    grants: list[tuple[bytes, Priority | None]] = []
+    grants: list[tuple[bytes, Priority | None, str]] = []
     if server.token is not None:
-        grants.append((server.token.encode(), None))
-    grants += [(c.token.encode(), Priority.parse(c.max_class)) for c in server.clients]
+        grants.append((server.token.encode(), None, "server"))
+    grants += [(c.token.encode(), Priority.parse(c.max_class), c.name) for c in server.clients]
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -122,7 +123,10 @@ def auth_middleware(server: config_mod.ServerConfig) -> Any:
         # Bytes: compare_digest refuses str with non-ASCII characters (a 500 before).
         given = value.strip().encode("utf-8", "surrogateescape")
         # Every token is compared, so the time taken does not say which one nearly matched.
-        matches = [ceiling for token, ceiling in grants if hmac.compare_digest(given, token)]
+        matches = [
+            (ceiling, name) for token, ceiling, name in grants
+            if hmac.compare_digest(given, token)
+        ]
         if scheme.lower() != "bearer" or not matches:
             return ApiError(
                 401,
@@ -130,7 +134,8 @@ def auth_middleware(server: config_mod.ServerConfig) -> Any:
                 kind="authentication_error",
                 code="invalid_api_key",
             ).response()
-        if (ceiling := matches[0]) is not None:
+        ceiling, request[CLIENT_TOKEN] = matches[0]
+        if ceiling is not None:
             request[CLIENT_GRANT] = ceiling
         return await handler(request)
 

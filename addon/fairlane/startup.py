@@ -89,6 +89,7 @@ def build_services(cfg: config_mod.Config) -> Services:
             n_threads=cfg.llm.threads,
             n_gpu_layers=cfg.llm.gpu_layers,
             prefix_cache_tokens=cfg.engine_cache_tokens,
+            grammar_budget_s=cfg.llm.grammar_budget_ms / 1000,
         )
     )
     template: ChatTemplate | None = None

@@ -12,10 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fairlane.api.response_format import output_grammar
 from fairlane.api.tool_calls import OPENING_TRIGGERS, TRIGGERS, tool_call_grammar
 from fairlane.engines import models
 from fairlane.engines.chat_template import ChatTemplate, parse_tool_calls
 from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams, lc
+from fairlane.engines.sampling import GRAMMAR_OVER_BUDGET
 from fairlane.policy import Chunk, LlmPlan, Priority
 
 COLOUR = {"type": "function", "function": {
@@ -244,7 +246,7 @@ def test_a_refused_choice_is_replaced_by_the_best_allowed_token(engine, template
                                (), 0.0, 0))
         row = engine._logits(1)[0].copy()
         assert np.isfinite(row).all() == (temperature == 0)  # masked in place when sampling
-        engine._candidates.mask(fresh, row)
+        engine.sampling._candidates.mask(fresh, row)
         allowed = np.flatnonzero(np.isfinite(row))
         assert 0 < len(allowed) < 10
         texts = {engine.token_text(int(t)) for t in allowed}
@@ -274,3 +276,41 @@ def test_json_that_does_not_start_a_call_stays_free(engine, template) -> None:
                       grammar_triggers=triggers)]
     assert replies[0].lstrip().startswith("{") and not parse_tool_calls(replies[0], tools)
     assert replies[1] == replies[0]
+
+
+# Ten overlapping readings of one ambiguous pattern: under the API's static bounds each, but
+# together a mask of the vocabulary grows to ~1 s a step on this CPU (review 39cbe61, finding 1
+# froze the device for minutes with one such pattern nested deeper).
+SLOW = {"anyOf": [{"type": "string", "pattern": f"^(a{{0,10}}){{0,10}}a{{{60 + i}}}$"}
+                  for i in range(10)]}
+
+
+def test_a_grammar_past_its_budget_ends_its_request_and_the_step_goes_on(engine, template):
+    """The slow grammar's sequence ends with `grammar_budget` (its client gets an error); the
+    free sequence beside it gets its token in that same step, and every step after."""
+    slow = output_grammar({"type": "json_schema", "json_schema": {"schema": SLOW}},
+                          engine.grammar_parses)
+    assert slow is not None
+    messages = [{"role": "user", "content": "Say hello."}]
+    prompt = engine.tokenize(template.render(messages))
+    engine.add("slow", prompt, SamplingParams(max_tokens=70, temperature=0, grammar=slow))
+    engine.add("free", prompt, SamplingParams(max_tokens=200, temperature=0))
+    try:
+        first = LlmPlan(tuple(Chunk(r, 0, len(prompt), True, False, Priority.CHAT)
+                              for r in ("slow", "free")), (), 0.0, 0)
+        _, events = engine.execute(first)
+        finished: dict[str, str | None] = {e.request_id: e.finish_reason for e in events}
+        while not finished["slow"]:
+            chunks = tuple(
+                Chunk(r, len(engine.sequences[r].tokens) - 1, 1, True, True, Priority.CHAT)
+                for r in ("slow", "free"))
+            _, events = engine.execute(LlmPlan(chunks, (), 0.0, 0))
+            assert sorted(e.request_id for e in events) == ["free", "slow"]
+            finished = {e.request_id: e.finish_reason for e in events}
+            assert finished["free"] is None  # still going, beside the slow one
+        assert str(finished["slow"]).startswith(GRAMMAR_OVER_BUDGET), finished
+        assert "budget is 250 ms" in str(finished["slow"])
+        assert engine.sequences["slow"].grammar is None  # closed: no more grammar work
+    finally:
+        engine.release("slow")
+        engine.release("free")

@@ -10,15 +10,8 @@ import numpy as np
 import pytest
 
 from fairlane.engines import models
-from fairlane.engines.llm import (
-    EngineConfig,
-    LlamaEngine,
-    SamplingParams,
-    draw,
-    drawn_here,
-    greedy,
-    lc,
-)
+from fairlane.engines.llm import EngineConfig, LlamaEngine, lc
+from fairlane.engines.sampling import SamplingParams, draw, drawn_here, greedy
 from fairlane.policy import Chunk, LlmPlan, Priority
 
 

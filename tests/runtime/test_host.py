@@ -3,6 +3,9 @@ rules."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from fairlane.runtime import host
 from fairlane.voice.wyoming import beyond_loopback, client_allowed, networks
 
@@ -28,6 +31,28 @@ def test_a_chosen_spin_policy_is_kept() -> None:
     env = {"GOMP_SPINCOUNT": "300000"}
     host.configure(env)
     assert env["GOMP_SPINCOUNT"] == "300000"
+
+
+def test_the_thread_environment_is_set_before_any_native_library_loads() -> None:
+    """`fairlane`'s main sets it first thing; nothing imported before it (the command's module
+    and its imports) may load numpy (OpenBLAS), llama.cpp, onnxruntime or torch, which read it
+    once (review 39cbe61, finding 8: `cli` imported the policy, and numpy with it)."""
+    probe = (
+        "import sys\n"
+        "from fairlane.runtime import host\n"
+        "configure = host.configure\n"
+        "def checked(*args):\n"
+        "    native = ('numpy', 'llama_cpp', 'onnxruntime', 'torch', 'ctranslate2')\n"
+        "    print(sorted(n for n in native if n in sys.modules))\n"
+        "    return configure(*args)\n"
+        "host.configure = checked\n"
+        "from fairlane.cli import main\n"
+        "main(['simulate', '--help'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "[]"
 
 
 def test_wyoming_clients_are_those_listed_or_any() -> None:

@@ -7,9 +7,14 @@ import asyncio
 import http.client
 import io
 import json
+import logging
+import socket
 import wave
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from fairlane.server import BackgroundServer
@@ -77,6 +82,19 @@ def test_a_schema_llama_cpp_cannot_convert_is_a_400(server: BackgroundServer) ->
     ({"type": "string", "pattern": "^a{100000}$"}, "`pattern` repeats 100000 times"),
     ({"type": "string", "maxLength": 10_000}, "`maxLength` is 10000"),
     ({"enum": []}, "`enum` must list at least one value"),
+    # Review 39cbe61: each froze the device loop for minutes (nested quantifiers), held up the
+    # event loop (optional properties), or was a 500 (a keyword of the wrong type).
+    ({"type": "object", "required": ["s"], "properties": {"s": {
+        "type": "string", "pattern": "^((a{0,10}){0,10}){0,10}a{60}$"}}}, "multiply to 1000"),
+    ({"type": "string", "pattern": "^(a{0,100}){0,100}a{100}$"}, "multiply to 10000"),
+    ({"type": "string", "pattern": "^((a{0,5}){0,5}){0,5}a{60}$"}, "at most 100"),
+    ({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(950)}},
+     "950 optional properties; at most 64"),
+    ({"type": "object", "properties": []}, "`properties` must be an object of schemas"),
+    ({"allOf": [[1]]}, "a sub-schema must be an object or a boolean, not a list"),
+    ({"type": "string", "pattern": 5}, "`pattern` must be a string, not a number"),
+    ({"$ref": 5}, "`$ref` must be a string, not a number"),
+    ({"type": "object", "properties": {"a": False}}, "a `false` sub-schema accepts nothing"),
 ])
 def test_a_response_schema_over_a_limit_is_a_400_and_the_server_lives(
         server: BackgroundServer, schema: dict[str, Any], words: str) -> None:
@@ -98,6 +116,77 @@ def test_a_response_schema_at_the_limits_is_served(server: BackgroundServer) -> 
     status, reply = send(server, "POST", CHAT, json.dumps(body).encode())
     assert status == 200, reply
     assert reply["choices"][0]["message"]["content"].startswith('{')
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": True}, "required": ["a"]},
+    {"anyOf": [True]},
+    {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+b$"}}},
+])
+def test_boolean_sub_schemas_and_unambiguous_patterns_are_served(
+        server: BackgroundServer, schema: dict[str, Any]) -> None:
+    """`true` is any value (it was a 500); `(a+)+` is one recursive rule, not a product."""
+    body = {"messages": [{"role": "user", "content": "Answer in JSON."}], "max_tokens": 8,
+            "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    status, reply = send(server, "POST", CHAT, json.dumps(body).encode())
+    assert status == 200, reply
+
+
+def test_a_grammar_too_slow_to_sample_is_a_400_and_the_house_goes_on(
+        server: BackgroundServer) -> None:
+    """Ten overlapping ambiguous patterns, each under the static bound: the masks grow to ~1 s
+    a step. The request ends with a 400 once its grammar passes its budget in a step, while
+    another client's chat, sent beside it, is served."""
+    slow = {"anyOf": [{"type": "string", "pattern": f"^(a{{0,10}}){{0,10}}a{{{60 + i}}}$"}
+                      for i in range(10)]}
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 80,
+            "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": slow}}}
+    chat = {"messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 16,
+            "temperature": 0}
+    with ThreadPoolExecutor(2) as pool:
+        refused = pool.submit(send, server, "POST", CHAT, json.dumps(body).encode())
+        served = pool.submit(send, server, "POST", CHAT, json.dumps(chat).encode())
+        status, reply = refused.result()
+        assert served.result()[0] == 200
+    assert_refused(status, reply, 400, "too slow to sample")
+    assert reply["error"]["code"] == "grammar_too_slow"
+
+
+@pytest.mark.parametrize("parameters", [
+    {"type": "object", "properties": {"a": True}},
+    {"type": "object", "properties": []},
+    {"type": "object", "properties": {"p": {"type": "string", "pattern": 5}}},
+    {"type": "object", "properties": {"s": {"type": "string",
+                                            "pattern": "^(a{0,30}){0,30}a{60}$"}}},
+])
+def test_a_tool_whose_parameters_cannot_be_a_grammar_takes_free_arguments(
+        server: BackgroundServer, parameters: dict[str, Any]) -> None:
+    """As the tools' docstring promises: free JSON arguments, not a 500 or a frozen device."""
+    tool = {"type": "function", "function": {"name": "note", "parameters": parameters}}
+    body = {"messages": [{"role": "user", "content": "Take a note."}], "max_tokens": 24,
+            "temperature": 0, "tools": [tool], "tool_choice": "required"}
+    status, reply = send(server, "POST", CHAT, json.dumps(body).encode())
+    assert status == 200, reply  # each was a 500, or held the device for minutes
+    choice = reply["choices"][0]
+    if choice["finish_reason"] != "length":  # a call the small model wrote to the end
+        calls = choice["message"]["tool_calls"]
+        assert [call["function"]["name"] for call in calls] == ["note"]
+
+
+def test_characters_beyond_the_basic_plane_are_answered_as_themselves(
+        server: BackgroundServer) -> None:
+    """An emoji in an enum became two surrogate code points in the grammar, and the reply was
+    mojibake with a 200."""
+    schema = {"type": "object", "required": ["vote"],
+              "properties": {"vote": {"enum": ["👍", "👎"]}}}
+    body = {"messages": [{"role": "user", "content": "Do you like tea? Vote."}],
+            "max_tokens": 16, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    status, reply = send(server, "POST", CHAT, json.dumps(body).encode())
+    assert status == 200, reply
+    assert json.loads(reply["choices"][0]["message"]["content"])["vote"] in ("👍", "👎")
 
 
 @pytest.mark.parametrize(("method", "path"), [
@@ -292,6 +381,95 @@ def test_idle_wyoming_connections_are_closed_and_free_their_slots(
     told, again = asyncio.run(scenario())
     assert all(json.loads(line)["type"] == "error" for line in told)
     assert again["type"] == "info"
+
+
+# --- review 39cbe61: clients that never read, channels beyond two, the length in frames -------
+
+SPEECH = Path(__file__).resolve().parents[1] / "fixtures" / "speech"
+
+
+def test_wyoming_clients_that_never_read_lose_their_slots(
+        server: BackgroundServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Two clients with small receive buffers ask for a long text and read nothing: they held
+    both slots for as long as the synthesis took, and longer (their writes waited forever).
+    Now each write waits at most the idle timeout: their slots are freed, the refusal is
+    logged, and the next client is served."""
+    services = server.services.wyoming
+    assert services is not None
+    port = server.services.wyoming_port
+    text = " ".join(f"Sentence number {n} of a long text nobody listens to." for n in range(40))
+    before, services.idle_timeout_s = services.idle_timeout_s, 2.0
+
+    async def scenario() -> dict[str, Any]:
+        stalled = []
+        for _ in range(2):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(_event("synthesize", {"text": text}))
+            stalled.append(sock)
+        try:
+            async with asyncio.timeout(MODEL_WAIT_S):
+                while services.connections:  # their slots, freed while they stay connected
+                    await asyncio.sleep(0.05)
+            again, _ = await _wyoming_reply(port, [_event("describe")], most=1)
+        finally:
+            for sock in stalled:
+                sock.close()
+        return again[0]
+
+    caplog.set_level(logging.WARNING, logger="fairlane.voice.wyoming")
+    try:
+        again = asyncio.run(scenario())
+    finally:
+        services.idle_timeout_s = before
+    assert again["type"] == "info"
+    assert "NotReading" in caplog.text and "127.0.0.1" in caplog.text
+
+
+def _wyoming_transcript(port: int, fmt: dict[str, int], audio: bytes,
+                        stop: bool = True) -> list[dict[str, Any]]:
+    chunk = 256 * 1024 - 256 * 1024 % (fmt["width"] * fmt["channels"])
+    sent = [_event("transcribe", {}), _event("audio-start", fmt)]
+    sent += [_event("audio-chunk", fmt, audio[i : i + chunk]) for i in range(0, len(audio), chunk)]
+    if stop:
+        sent.append(_event("audio-stop"))
+    events, closed = asyncio.run(_wyoming_reply(port, sent))
+    assert closed, events
+    return events
+
+
+@pytest.mark.parametrize("channels", [4, 8])
+def test_wyoming_audio_of_many_channels_is_mixed_down_to_the_same_words(
+        server: BackgroundServer, channels: int) -> None:
+    """A command copied onto 4 or 8 channels was read as stereo ("I'm sorry."): now it is
+    heard as the mono recording is."""
+    with wave.open(str(SPEECH / "command-00.wav")) as recording:
+        rate, mono = recording.getframerate(), recording.readframes(recording.getnframes())
+    samples = np.frombuffer(mono, "<i2")
+    fmt = {"rate": rate, "width": 2, "channels": 1}
+    alone = _wyoming_transcript(server.services.wyoming_port, fmt, mono)
+    many = np.repeat(samples[:, None], channels, axis=1).tobytes()
+    mixed = _wyoming_transcript(
+        server.services.wyoming_port, {**fmt, "channels": channels}, many)
+    assert alone[-1]["type"] == mixed[-1]["type"] == "transcript", (alone, mixed)
+    assert "kitchen" in alone[-1]["data"]["text"].lower()
+    assert mixed[-1]["data"]["text"] == alone[-1]["data"]["text"]
+
+
+def test_a_wyoming_utterance_of_8_channels_is_measured_in_its_own_frames(
+        server: BackgroundServer) -> None:
+    """8 channels of 32-bit samples: 25 s is served (it became 100 s of audio, refused by the
+    speech lane), 120.5 s is refused as it arrives."""
+    fmt = {"rate": 16000, "width": 4, "channels": 8}
+    second = bytes(16000 * 4 * 8)  # 512 KiB: two chunks
+    served = _wyoming_transcript(server.services.wyoming_port, fmt, second * 25)
+    assert served[-1]["type"] == "transcript", served[:1]
+    # The last chunk passes 120 s and nothing follows it (see the capped utterance above).
+    over = second * 120 + second[: len(second) // 2]
+    refused = _wyoming_transcript(server.services.wyoming_port, fmt, over, stop=False)
+    assert [e["type"] for e in refused] == ["error"], refused[:1]
+    assert "longer than 120 s" in refused[0]["data"]["text"]
 
 
 @pytest.mark.parametrize("calls", ['[{}]', '[{"function": {}}]', '[{"function": {"name": 5}}]'])

@@ -4,19 +4,33 @@ turn discards it, its KV is freed and its tokens reach no one."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from fairlane.config import ClientToken
 from fairlane.policy import Kind
 from fairlane.server import BackgroundServer
-from tests.server.conftest import wait_for
+from tests.server.conftest import server_config, wait_for
 from tests.server.test_chat_api import client, http
 
 # A turn long enough to be still running when the next request comes.
 COUNTING = [{"role": "user",
              "content": "Count from one to two hundred in words, separated by commas."}]
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+
+
+# Two more tokens beside the server's own (which Home Assistant holds): a guest and a tablet.
+GUEST, TABLET = "guest-token-123", "tablet-token-456"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[BackgroundServer]:
+    cfg = server_config()
+    clients = (ClientToken("guest", GUEST), ClientToken("tablet", TABLET))
+    with BackgroundServer(replace(cfg, server=replace(cfg.server, clients=clients))) as running:
+        yield running
 
 
 def turn(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -167,3 +181,51 @@ def test_a_guess_must_say_true_or_false(server: BackgroundServer) -> None:
     status, answer = http(server, "POST", "/v1/chat/completions",
                           {**turn(QUESTION), "fairlane_speculative": "yes"})
     assert status == 400 and "fairlane_speculative" in answer["error"]["message"]
+
+
+# --- a guess belongs to the token that made it (review 39cbe61, finding 5) -------------------
+
+
+def test_another_token_naming_the_same_user_cannot_claim_the_guess(
+    server: BackgroundServer,
+) -> None:
+    body = turn(QUESTION, max_tokens=8, user="home-assistant")
+    before = speculation(server)
+    guess_id = guess(server, body)
+    status, reply = http(server, "POST", "/v1/chat/completions", body, token=GUEST)
+    assert status == 200 and reply["id"] != guess_id  # its own turn, not Home Assistant's
+    assert speculation(server)["held"] == before["held"] + 1  # nor was the guess discarded
+    status, reply = http(server, "POST", "/v1/chat/completions", body)
+    assert status == 200 and reply["id"] == guess_id
+
+
+def test_another_tokens_turn_does_not_discard_the_guess(server: BackgroundServer) -> None:
+    body = turn(QUESTION, max_tokens=8, user="home-assistant")
+    before = speculation(server)
+    guess_id = guess(server, body)
+    other = turn(COUNTING, max_tokens=4, user="home-assistant")
+    status, _ = http(server, "POST", "/v1/chat/completions", other, token=GUEST)
+    assert status == 200
+    status, _ = http(server, "POST", f"/v1/chat/completions/{guess_id}/cancel", token=GUEST)
+    assert status == 404  # another token's guess: not the guest's to cancel
+    assert speculation(server)["discarded"] == before["discarded"]
+    status, reply = http(server, "POST", "/v1/chat/completions", body)
+    assert status == 200 and reply["id"] == guess_id
+
+
+def test_another_tokens_guesses_do_not_evict_the_guess(server: BackgroundServer) -> None:
+    body = turn(QUESTION, max_tokens=8, user="home-assistant")
+    held = server.services.speculation
+    assert held is not None
+    guess_id = guess(server, body)
+    for person in range(held.limit + 2):
+        status, _ = http(server, "POST", "/v1/chat/completions",
+                         {**turn(QUESTION, max_tokens=1, user=f"guest-{person}"),
+                          "fairlane_speculative": True}, token=TABLET)
+        assert status == 202
+    assert speculation(server)["held"] == held.limit + 1  # the tablet's newest, and HA's
+    status, reply = http(server, "POST", "/v1/chat/completions", body)
+    assert status == 200 and reply["id"] == guess_id
+    for person in range(held.limit + 2):  # the tablet's guesses go
+        http(server, "POST", "/v1/chat/completions",
+             turn(QUESTION, max_tokens=1, user=f"guest-{person}"), token=TABLET)

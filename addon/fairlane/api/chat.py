@@ -14,6 +14,7 @@ import voluptuous as vol
 from aiohttp import web
 
 from fairlane.api.common import (
+    CLIENT_TOKEN,
     DEADLINE_FIELD,
     PRIORITY_FIELD,
     PRIORITY_NAMES,
@@ -28,17 +29,15 @@ from fairlane.api.common import (
     request_deadline,
     services_of,
 )
+from fairlane.api.grammars import Grammars
 from fairlane.api.message_parts import read_parts
 from fairlane.api.openapi import WHOLE, operation
 from fairlane.api.remote import lane_for, remote_chat, remote_generate
-from fairlane.api.response_format import WORDS_GRAMMAR, output_grammar
-from fairlane.api.speculation import Guess, Speculation
-from fairlane.api.tool_calls import tool_call_grammar
+from fairlane.api.response_format import WORDS_GRAMMAR
+from fairlane.api.speculation import Guess, Owner, Speculation
 from fairlane.engines.chat_template import ChatTemplateError, may_be_tool_call, parse_tool_calls
-from fairlane.engines.llm import (
-    SamplingParams,
-    TokenEvent,
-)
+from fairlane.engines.llm import TokenEvent
+from fairlane.engines.sampling import GRAMMAR_OVER_BUDGET, SamplingParams
 from fairlane.policy import NO_WAIT_LIMIT, Kind, Priority, Request
 from fairlane.runtime.device import LoopSink
 
@@ -175,7 +174,12 @@ CHAT_REQUEST = vol.Schema(
 async def cancel_completion(request: web.Request) -> web.Response:
     svc = services_of(request)
     completion_id = request.match_info["id"]
-    discarded = svc.speculation is not None and svc.speculation.discard(completion_id)
+    held = svc.speculation
+    discarded = (
+        held is not None
+        and held.holds(completion_id, request.get(CLIENT_TOKEN))
+        and held.discard(completion_id)
+    )
     if not discarded and not svc.device.cancel(completion_id) and not any(
         lane.cancel(completion_id) for lane in svc.remotes
     ):
@@ -262,15 +266,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         )
     max_tokens = min(max_tokens, limit - len(prompt))
     stop = body.get("stop")
-    grammar = output_grammar(body.get("response_format"), svc.engine.grammar_parses)
+    if svc.grammars is None:
+        svc.grammars = Grammars(svc.engine.grammar_parses)
+    grammar = await svc.grammars.output(body.get("response_format"))
     triggers: tuple[str, ...] = ()
     forced = body.get("tool_choice") not in (None, "auto")
     if tools and grammar is None and (template.tagged_tool_calls or forced):
         # A call is spelt as the template writes it back, except where JSON at the start may
         # be the small model's echo of a tool's result (see tool_calls).
         after_result = body["messages"][-1].get("role") == "tool"
-        grammar, triggers = tool_call_grammar(
-            tools, body.get("tool_choice"), svc.engine.grammar_parses,
+        grammar, triggers = await svc.grammars.tools(
+            tools, body.get("tool_choice"),
             template_shape=template.tagged_tool_calls and (forced or not after_result),
             parallel=bool(body.get("parallel_tool_calls")),
         )
@@ -310,18 +316,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return policy_request
 
     speculation = svc.speculation
+    # A guess is the token's: another token naming the same `user` cannot claim or discard it.
+    owner = Owner(request.get(CLIENT_TOKEN), client)
     key = Speculation.key(prompt_text, params, priority.label, body.get("tool_choice"))
     if speculative:
         if speculation is None:
             raise ApiError(400, "this server holds no guesses", param="fairlane_speculative")
-        guess = Guess(f"chatcmpl-{uuid.uuid4().hex}", key, client)
+        guess = Guess(f"chatcmpl-{uuid.uuid4().hex}", key, owner)
         guess.cached_tokens = admit(guess.id, guess.deliver).cached_tokens
         speculation.hold(guess)
         return web.json_response(
             {"id": guess.id, "object": "chat.completion.guess", "expires_in_s": speculation.ttl_s},
             status=202,
         )
-    claimed = speculation.claim(key, client) if speculation is not None else None
+    claimed = speculation.claim(key, owner) if speculation is not None else None
     if claimed is not None:
         # The guess was this turn: its tokens so far are read at once, the rest as they come;
         # the turn's latency is measured from this request's arrival.
@@ -370,6 +378,15 @@ async def _next_event(turn: _Turn) -> TokenEvent:
         raise ApiError(500, f"the engine failed: {event.finish_reason}", kind="server_error")
     if event.finish_reason and event.finish_reason.startswith("deadline"):
         raise deadline_passed(event.finish_reason)
+    if event.finish_reason and event.finish_reason.startswith(GRAMMAR_OVER_BUDGET):
+        why = event.finish_reason.partition(": ")[2]
+        raise ApiError(
+            400,
+            f"the request's grammar is too slow to sample: {why} (a schema with ambiguous "
+            "nested repetitions?); its reply was stopped so that others' are not held up",
+            param="response_format",
+            code="grammar_too_slow",
+        )
     return event
 
 
@@ -440,7 +457,14 @@ async def _stream(
     held = ""  # with tools offered, text that may still turn out to be a tool call
     holding = bool(tools)
     while True:
-        event = await _next_event(turn)
+        try:
+            event = await _next_event(turn)
+        except ApiError as err:  # mid-stream: said in the stream, as OpenAI does
+            svc.telemetry.finish(record, svc.device.clock(), outcome="failed")
+            await send(err.body())
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return
         if event.finish_reason != "cancelled":
             svc.telemetry.token(record, svc.device.clock())
         if holding:

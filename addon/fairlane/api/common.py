@@ -10,7 +10,7 @@ import re
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import voluptuous as vol
 from aiohttp import BodyPartReader, ClientPayloadError, web
@@ -34,6 +34,9 @@ from fairlane.runtime.remote import RemoteLane
 from fairlane.runtime.telemetry import Telemetry
 from fairlane.voice.synthesis import VoiceService
 from fairlane.voice.wyoming import SpeechService, WyomingServices
+
+if TYPE_CHECKING:  # grammars imports this module
+    from fairlane.api.grammars import Grammars
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -62,8 +65,9 @@ class ApiError(Exception):
             code,
         )
 
-    def response(self) -> web.Response:
-        body = {
+    def body(self) -> dict[str, Any]:
+        """OpenAI's error object."""
+        return {
             "error": {
                 "message": self.message,
                 "type": self.kind,
@@ -71,7 +75,9 @@ class ApiError(Exception):
                 "code": self.code,
             }
         }
-        return web.json_response(body, status=self.status, headers=self.headers)
+
+    def response(self) -> web.Response:
+        return web.json_response(self.body(), status=self.status, headers=self.headers)
 
 
 PRIORITY_NAMES = [p.label for p in Priority]
@@ -130,6 +136,9 @@ async def read_json(request: web.Request) -> dict[str, Any]:
 
 # The most urgent class the request's token may claim (None: any), set by the auth middleware.
 CLIENT_GRANT = web.RequestKey("fairlane_client_grant", Priority)
+# Whose token the request carries: "server" for `server.token`, a client's name for one of
+# `server.clients`; unset when the server needs no token. Set by the auth middleware.
+CLIENT_TOKEN = web.RequestKey("fairlane_client_token", str)
 
 
 def request_class(request: web.Request, body: dict[str, Any], default: Priority) -> Priority:
@@ -266,6 +275,8 @@ class Services:
     remotes: list[RemoteLane] = field(default_factory=list)
     # Chat turns begun on a client's guess, held for the request that claims them.
     speculation: Speculation | None = None
+    # Chat requests' grammars, built off the event loop (made at the first that needs one).
+    grammars: Grammars | None = None
 
 
 SERVICES = web.AppKey("services", Services)

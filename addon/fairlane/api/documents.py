@@ -35,8 +35,10 @@ from fairlane.documents.text import DocumentError, chunk, extract_text
 from fairlane.documents.workers import Busy, index_forever, summarise_forever
 from fairlane.policy import Priority
 from fairlane.runtime.components import Component, supervise
+from fairlane.runtime.host import give_back_memory
 
 _LOGGER = logging.getLogger(__name__)
+LARGE_TEXT_CHARS = 100_000  # a text this long leaves its tokenizer's memory freed, not returned
 
 # --- documents ------------------------------------------------------------------------------------
 
@@ -208,6 +210,8 @@ async def add_document(request: web.Request) -> web.Response:
     except DocumentError as err:
         raise ApiError(err.status, str(err), param="file", code="bad_document") from err
     chunks = await asyncio.to_thread(chunk, embedder, text)
+    if len(text) >= LARGE_TEXT_CHARS:  # the tokenizer's working memory, back to the system
+        await asyncio.to_thread(give_back_memory)
     title = meta["title"] or text.splitlines()[0][:80]
     document_id, created = await asyncio.to_thread(
         store.add, text, chunks, title, meta["source"], meta["tags"], content_type

@@ -15,6 +15,11 @@ said something else), as do a newer guess, the guess's expiry (`ttl_s`) and a ca
 A discarded guess's sequence is cancelled, so its KV is freed at the device's next iteration
 (a guess that already finished is released like any finished turn: its prompt stays in the
 prefix cache), and its tokens reach no one.
+
+A guess belongs to the token that made it. Its client is the authenticated one (`Owner`: the
+bearer token's client, then the `user` it names within that token), never a name in the body
+alone: another token's request with the same `user` neither claims nor discards it, and each
+token holds at most `limit` guesses, so no other client's guesses can evict them.
 """
 
 from __future__ import annotations
@@ -27,7 +32,16 @@ from typing import Any
 from fairlane.engines.llm import TokenEvent
 
 GUESS_TTL_S = 5.0  # a voice client sends the real turn well within this of its guess
-MAX_GUESSES = 8  # held at once, all clients together (the oldest goes first)
+MAX_GUESSES = 8  # held at once by one token (its oldest goes first)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a guess belongs to: the bearer token's client (None: the server needs no token),
+    then the household member it names (`user`) within that token."""
+
+    token: str | None
+    user: str
 
 
 @dataclass
@@ -36,7 +50,7 @@ class Guess:
 
     id: str
     key: str  # what a claiming request must match (`Speculation.key`)
-    client: str
+    owner: Owner
     queue: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     cached_tokens: int = 0
     failed: bool = False  # it ended in an error, a deadline or a cancel: no one may claim it
@@ -45,7 +59,7 @@ class Guess:
     def deliver(self, event: TokenEvent) -> None:
         """The device loop's events for this guess (on the event loop)."""
         reason = event.finish_reason or ""
-        if reason.startswith(("error", "deadline")) or reason == "cancelled":
+        if reason.startswith(("error", "deadline", "grammar_budget")) or reason == "cancelled":
             self.failed = True
         self.queue.put_nowait(event)
 
@@ -73,21 +87,22 @@ class Speculation:
         return repr((prompt_text, params, priority, tool_choice))
 
     def hold(self, guess: Guess) -> None:
-        """Keep a running guess for its claim; it replaces the client's older guess."""
-        for older in self._of(guess.client):
+        """Keep a running guess for its claim; it replaces the client's older guess, and the
+        token's oldest when the token holds `limit` (never another token's)."""
+        for older in self._of(guess.owner):
             self.discard(older.id)
-        while len(self._guesses) >= self.limit:
-            self.discard(next(iter(self._guesses)))
+        while len(held := self._of_token(guess.owner.token)) >= self.limit:
+            self.discard(held[0].id)
         loop = asyncio.get_running_loop()
         guess.expiry = loop.call_later(self.ttl_s, self._expire, guess.id)
         self._guesses[guess.id] = guess
         self.counts["started"] += 1
 
-    def claim(self, key: str, client: str) -> Guess | None:
+    def claim(self, key: str, owner: Owner) -> Guess | None:
         """The client's guess of this turn, now the caller's; the client's other guesses are
         discarded (whatever they guessed, this turn is what was asked)."""
         claimed = None
-        for guess in self._of(client):
+        for guess in self._of(owner):
             if claimed is None and guess.key == key and not guess.failed:
                 claimed = self._guesses.pop(guess.id)
                 if claimed.expiry is not None:
@@ -96,6 +111,11 @@ class Speculation:
             else:
                 self.discard(guess.id)
         return claimed
+
+    def holds(self, guess_id: str, token: str | None) -> bool:
+        """Whether this token holds the guess (a cancel from another token leaves it)."""
+        guess = self._guesses.get(guess_id)
+        return guess is not None and guess.owner.token == token
 
     def discard(self, guess_id: str, reason: str = "discarded") -> bool:
         """Cancel a held guess: its sequence leaves the device, its tokens go nowhere."""
@@ -111,8 +131,11 @@ class Speculation:
     def stats(self) -> dict[str, int]:
         return {"held": len(self._guesses), **self.counts}
 
-    def _of(self, client: str) -> list[Guess]:
-        return [g for g in self._guesses.values() if g.client == client]
+    def _of(self, owner: Owner) -> list[Guess]:
+        return [g for g in self._guesses.values() if g.owner == owner]
+
+    def _of_token(self, token: str | None) -> list[Guess]:
+        return [g for g in self._guesses.values() if g.owner.token == token]
 
     def _expire(self, guess_id: str) -> None:
         self.discard(guess_id, reason="expired")

@@ -30,14 +30,13 @@ was not offered is the client's error (400).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable
 from typing import Any
 
 from fairlane.api.common import ApiError
-from fairlane.api.response_format import MAX_GRAMMAR_BYTES, check_schema, llama_grammar
+from fairlane.api.response_format import MAX_GRAMMAR_BYTES, plain_schema, schema_grammar
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -107,9 +106,9 @@ def tool_call_grammar(
             )
     alternatives = [_alternative(tool["function"]) for tool in tools]
     try:
-        call = str(llama_grammar.json_schema_to_gbnf(json.dumps({"anyOf": alternatives})))
-    except (ValueError, KeyError, TypeError, RecursionError, AssertionError, IndexError) as err:
-        _LOGGER.warning("Tool calls are sampled free: their grammar failed: %s", err)
+        call = schema_grammar({"anyOf": alternatives})
+    except ApiError as err:
+        _LOGGER.warning("Tool calls are sampled free: their grammar failed: %s", err.message)
         return None, ()
     call = re.sub(r"^root ::=", "call ::=", call, flags=re.MULTILINE)
     if template_shape:
@@ -150,10 +149,9 @@ def _arguments(function: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(schema, dict) or not schema:
         return ANY_ARGUMENTS
     try:
-        check_schema(schema)
-        llama_grammar.json_schema_to_gbnf(json.dumps(schema))
-    except (ApiError, ValueError, KeyError, TypeError, RecursionError, AssertionError,
-            IndexError) as err:
-        _LOGGER.info("Tool %s takes free arguments: %s", function["name"], err)
+        plain = plain_schema(schema)
+        schema_grammar(plain)
+    except ApiError as err:
+        _LOGGER.info("Tool %s takes free arguments: %s", function["name"], err.message)
         return ANY_ARGUMENTS
-    return schema
+    return plain

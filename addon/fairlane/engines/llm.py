@@ -4,8 +4,7 @@ The engine never decides what runs: it turns a planned `LlmPlan` into exactly on
 `llama_decode` call whose batch carries one token for each decoding sequence plus the prefill
 chunks the plan chose, samples a token for each chunk that asks for one, and reports back.
 
-Longer than the project's ~450 lines on purpose: llama.cpp's C API (batch, KV, sampling) is
-bound in one place, so what the engine does per step reads in one file.
+Sampling (a token from each row of logits, under a grammar where asked) is engines.sampling.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import codecs
 import ctypes
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +25,16 @@ import numpy as np
 
 from fairlane.engines.native import import_llama_cpp
 from fairlane.engines.placement import Placement
+from fairlane.engines.sampling import (
+    GRAMMAR_OVER_BUDGET,
+    Grammar,
+    OverBudget,
+    Sampler,
+    SamplingParams,
+)
 from fairlane.policy import LlmPlan, Priority, SeqOutput, StepResult
+
+__all__ = ["EngineConfig", "EngineError", "LlamaEngine", "SamplingParams", "TokenEvent"]
 
 lc = import_llama_cpp()
 _LOGGER = logging.getLogger(__name__)
@@ -35,22 +42,6 @@ _LOGGER = logging.getLogger(__name__)
 
 class EngineError(RuntimeError):
     """The engine could not do what was asked (bad model, context overflow, decode failure)."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 0.7
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    grammar: str | None = None  # GBNF the output must match (JSON mode), rule `root`
-    # With triggers the grammar is lazy: the reply is free until its text matches one of these
-    # regular expressions (searched in the UTF-8 text so far); from the token where the match
-    # (or its first group) starts on, it must follow the grammar (a tool call after a free
-    # start). The token that completes the match is the grammar's: refused, it is replaced.
-    grammar_triggers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,6 +114,9 @@ class EngineConfig:
     # outside the policy's KV budget, which is n_ctx minus these. 0: no prefix cache.
     prefix_cache_tokens: int = 0
     prefix_cache_slots: int = 4
+    # A sequence's grammar work in one step, at most (engines.sampling): past it the request
+    # ends with an error, and the step goes on for everyone else.
+    grammar_budget_s: float = 0.25
 
 
 # Tokens a prompt gives back from a cached entry's spelling to find a cut the tokenizer shares.
@@ -157,140 +151,6 @@ class Batch:
             ),
             logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
         )
-
-
-def greedy(params: SamplingParams) -> bool:
-    """Whether the next token is the most likely one the grammar (if any) allows."""
-    return params.temperature <= 0
-
-
-# The draw's head: logits within this many temperatures of the largest. They carry most of
-# the weight; the rest of the vocabulary is summed in one pass and walked only when the draw
-# lands there.
-HEAD_TEMPERATURES = 8.0
-
-
-def drawn_here(params: SamplingParams) -> bool:
-    """Whether `draw` samples for these parameters (a temperature, maybe top-k); the rest
-    (top-p) go through llama.cpp's sampler chain."""
-    return params.temperature > 0 and params.top_p >= 1.0
-
-
-def draw(row: Any, params: SamplingParams, rng: np.random.Generator) -> int:
-    """One token from a row of logits, with the distribution of llama.cpp's `top_k →
-    temperature → seeded draw`: an inverse-CDF draw over the tokens in a fixed order, head
-    first. llama.cpp's chain builds and sorts a candidate list of the whole vocabulary, ~1.8 ms
-    a sequence on this CPU; this is one exp-and-sum pass over it."""
-    if 0 < params.top_k < len(row):
-        keep = np.argpartition(row, -params.top_k)[-params.top_k :]
-        weights = np.exp((row[keep] - row[keep].max()) / params.temperature, dtype=np.float64)
-        cumulative = np.cumsum(weights)
-        index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
-        return int(keep[min(index, len(keep) - 1)])
-    top = float(row.max())
-    scaled = (row - top) * np.float32(1.0 / params.temperature)
-    head = np.flatnonzero(scaled >= -HEAD_TEMPERATURES)
-    weights = np.exp(scaled, out=scaled)  # every token's weight, in place
-    target = rng.random() * float(weights.sum(dtype=np.float64))
-    head_weights = np.cumsum(weights[head], dtype=np.float64)
-    if target < head_weights[-1]:
-        index = int(np.searchsorted(head_weights, target, side="right"))
-        return int(head[min(index, len(head) - 1)])
-    weights[head] = 0.0  # the tail, in vocabulary order
-    tail = np.cumsum(weights, dtype=np.float64)
-    index = int(np.searchsorted(tail, target - head_weights[-1], side="right"))
-    return min(index, len(row) - 1)
-
-
-class Grammar:
-    """A sequence's output grammar (llama.cpp's sampler, without its lazy mode).
-
-    Lazy grammars wait here, not in llama.cpp: llama.cpp feeds a trigger's text to the grammar
-    and aborts the process when the grammar refuses it. Here the tokens since the match's start
-    are offered one by one, each checked before it is accepted; if one is refused the grammar
-    is dropped and the reply stays free."""
-
-    def __init__(self, sampler: Any, triggers: tuple[str, ...]) -> None:
-        self.sampler = sampler
-        self.triggers = tuple(re.compile(t.encode()) for t in triggers)
-        self.armed = not triggers
-        self.text = bytearray()  # the reply so far, while waiting
-        self.starts: list[int] = []  # where each of its tokens starts in `text`
-        self.tokens: list[int] = []
-
-    def trigger(self, token: int, piece: bytes, candidates: Candidates) -> bool:
-        """Note a free token; arm the grammar if a trigger now matches (from its first group,
-        or else the whole match). The tokens before this one, from the match on, are offered to
-        the grammar; this one is then checked as any armed token is (replaced by the grammar's
-        choice if refused). False: the grammar refused one of those before it."""
-        self.starts.append(len(self.text))
-        self.tokens.append(token)
-        self.text += piece
-        for pattern in self.triggers:
-            if (match := pattern.search(self.text)) is None:
-                continue
-            start = match.start(1) if pattern.groups else match.start()
-            first = bisect.bisect_right(self.starts, start) - 1
-            for replayed in self.tokens[first:-1]:
-                if not candidates.allows(self.sampler, replayed):
-                    return False
-                lc.llama_sampler_accept(self.sampler, replayed)
-            self.armed = True
-            self.text.clear()
-            return True
-        return True
-
-    def close(self) -> None:
-        lc.llama_sampler_free(self.sampler)
-
-
-class Candidates:
-    """llama.cpp's candidate arrays for a grammar: one token, or the whole vocabulary."""
-
-    DTYPE = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-
-    def __init__(self, n_vocab: int) -> None:
-        self.one = np.zeros(1, self.DTYPE)
-        self.all = np.zeros(n_vocab, self.DTYPE)
-        self.all["id"] = np.arange(n_vocab, dtype=np.int32)
-        self._one = self._array(self.one)
-        self._all = self._array(self.all)
-
-    @staticmethod
-    def _array(data: Any) -> Any:
-        return lc.llama_token_data_array(
-            data=data.ctypes.data_as(lc.llama_token_data_p),
-            size=len(data),
-            selected=-1,
-            sorted=False,
-        )
-
-    def allows(self, grammar: Any, token: int) -> bool:
-        """Whether the grammar, in its present state, allows `token` next."""
-        self.one[0] = (token, 0.0, 0.0)
-        self._one.size, self._one.selected, self._one.sorted = 1, -1, False
-        lc.llama_sampler_apply(grammar, ctypes.byref(self._one))
-        return bool(np.isfinite(self.one["logit"][0]))
-
-    def best_allowed(self, grammar: Any, row: Any, among: int = 256) -> int | None:
-        """The most likely token the grammar allows, if it is among the `among` most likely
-        (ties to the lower id, as argmax): then it is the argmax over all allowed tokens, found
-        in a few single-token checks instead of a mask over the vocabulary (~12 ms here)."""
-        top = np.argpartition(row, -among)[-among:]
-        for token in top[np.lexsort((top, -row[top]))]:
-            if self.allows(grammar, int(token)):
-                return int(token)
-        return None
-
-    def mask(self, grammar: Any, row: Any) -> bool:
-        """Set the logits of every token the grammar forbids to -inf in `row`; whether any
-        token is left."""
-        self.all["logit"] = row
-        self.all["p"] = 0.0
-        self._all.size, self._all.selected, self._all.sorted = len(self.all), -1, False
-        lc.llama_sampler_apply(grammar, ctypes.byref(self._all))
-        row[:] = self.all["logit"]
-        return bool(np.isfinite(row).any())
 
 
 def extra_buffers_safe(system_info: bytes) -> bool:
@@ -358,7 +218,7 @@ class LlamaEngine:
         self.n_ctx = lc.llama_n_ctx(self.ctx)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         self._piece = ctypes.create_string_buffer(256)
-        self._candidates = Candidates(self.n_vocab)
+        self.sampling = Sampler(self.vocab, self.ctx, self.n_vocab, config.grammar_budget_s)
         self.free_ids = list(range(config.n_seq_max - 1, -1, -1))
         self.cache_ids = list(range(config.n_seq_max + cache_slots - 1, config.n_seq_max - 1, -1))
         self.cache: list[CachedPrefix] = []
@@ -730,70 +590,18 @@ class LlamaEngine:
         decoded = clock()
         if status != 0:
             raise EngineError(f"llama_decode failed with status {status} on {n} tokens")
-        tokens = self._sample(sampling, positions)
+        tokens = self.sampling.sample(sampling, positions, self._logits(len(sampling)))
         outputs: list[SeqOutput] = []
         events: list[TokenEvent] = []
         for seq, token in zip(sampling, tokens, strict=True):
-            event = self._emit(seq, token)
+            if isinstance(token, OverBudget):  # its grammar is too slow: it ends, no one waits
+                seq.finish_reason = GRAMMAR_OVER_BUDGET
+                event = TokenEvent(seq.request_id, "", f"{GRAMMAR_OVER_BUDGET}: {token}")
+            else:
+                event = self._emit(seq, token)
             events.append(event)
             outputs.append(SeqOutput(seq.request_id, 1, event.finish_reason is not None))
         return StepResult(clock() - start, tuple(outputs), decoded - start), events
-
-    def _sample(self, sampling: list[Sequence], positions: list[int]) -> list[int]:
-        """The next token of each sequence: its logits are the decode's outputs, in order.
-
-        Greedy sequences take the argmax of their rows (one numpy call when all are greedy and
-        free); a temperature is one `draw`; top-p goes through the llama.cpp sampler chain.
-        A sequence with a grammar first chooses as if free, and only when the grammar refuses
-        that token are the forbidden tokens masked and the choice made again, as llama.cpp's
-        own server does: checking one token is cheap, masking all 151,936 is not (~20 ms a
-        step on this CPU)."""
-        logits = self._logits(len(sampling))
-        if all(greedy(seq.params) and seq.grammar is None for seq in sampling):
-            return logits.argmax(axis=1).tolist()  # type: ignore[no-any-return]
-        tokens = []
-        for i, (seq, position) in enumerate(zip(sampling, positions, strict=True)):
-            row = logits[i]
-            token = self._choose(seq, row, position)
-            if seq.grammar is not None:
-                token = self._constrain(seq, seq.grammar, token, row, position)
-            tokens.append(token)
-        return tokens
-
-    def _constrain(
-        self, seq: Sequence, grammar: Grammar, token: int, row: Any, position: int
-    ) -> int:
-        """The token the grammar allows in place of `token` (itself when it is allowed)."""
-        if not grammar.armed:  # a lazy grammar: free text until a trigger matches
-            if not grammar.trigger(token, self._token_bytes(token), self._candidates):
-                seq.grammar = None  # what the trigger caught does not parse: it stays free
-                grammar.close()
-            if not grammar.armed:
-                return token
-        if not self._candidates.allows(grammar.sampler, token):
-            best = None
-            if greedy(seq.params):  # the best allowed is likely among the few best: no mask
-                best = self._candidates.best_allowed(grammar.sampler, row)
-            if best is None:
-                if not self._candidates.mask(grammar.sampler, row):  # in place, in the logits
-                    return int(lc.llama_vocab_eos(self.vocab))  # nothing is allowed: the end
-                best = self._choose(seq, row, position)
-            token = best
-        # Never a token the grammar refuses: llama.cpp aborts the process on one.
-        lc.llama_sampler_accept(grammar.sampler, token)
-        return token
-
-    def _token_bytes(self, token: int) -> bytes:
-        size = lc.llama_token_to_piece(self.vocab, token, self._piece, len(self._piece), 0, False)
-        return self._piece.raw[: max(size, 0)]
-
-    def _choose(self, seq: Sequence, row: Any, position: int) -> int:
-        if greedy(seq.params):
-            return int(row.argmax())
-        if drawn_here(seq.params):
-            return draw(row, seq.params, seq.rng)
-        # top-p: llama.cpp's chain reads this row of the context's logits (masked or not)
-        return int(lc.llama_sampler_sample(seq.sampler, self.ctx, position))
 
     def _logits(self, outputs: int) -> Any:
         """The last decode's logits, `outputs` rows of the vocabulary, as a numpy view."""

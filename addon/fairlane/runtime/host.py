@@ -22,9 +22,13 @@ that, and they read their settings from the environment once, when each loads:
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import logging
 import os
 from collections.abc import MutableMapping
+from typing import Any
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -49,3 +53,19 @@ def configure(environ: MutableMapping[str, str] | None = None) -> dict[str, str]
             _LOGGER.info("%s=%s in the environment; the server sets %s", name, env[name], value)
         env[name] = value
     return changed
+
+
+def give_back_memory() -> None:
+    """Return the C heap's free pages to the system (glibc's malloc_trim; elsewhere nothing).
+
+    glibc keeps what a large piece of work freed (a document's chunking, a large embedding
+    batch) for the next allocation: the server stayed ~0.9 GB larger after its first 1 MB
+    document. Called after such work; it costs a few milliseconds."""
+    if (trim := _malloc_trim()) is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    name = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None

@@ -29,8 +29,14 @@ what one connection may bring: `wyoming.max_connections` at once, an event heade
 its data of 64 KiB, a payload of 1 MiB, audio of a sample rate, width and channel count a
 microphone has (checked before any conversion), an utterance of MAX_DECODE_S seconds, and
 `wyoming.idle_timeout_s` between events (FIRST_EVENT_S before the first), so that idle
-connections cannot hold every slot. Anything malformed or over a bound gets an `error` event,
-and the connection is closed. `wyoming.clients` lists the addresses that may connect at all.
+connections cannot hold every slot. Writes are bounded too: a connection queues at most
+WRITE_BUFFER_BYTES of output in the server and SEND_BUFFER_BYTES in the kernel, and a client
+that reads none of it for `idle_timeout_s` is closed (a client that never reads held its slot
+for as long as the synthesis took, and more). Audio of any channel count accepted is mixed
+down by averaging its channels, and an utterance's length is counted in its own frames.
+Anything malformed or over a bound gets an `error` event, and the connection is closed; every
+refusal is logged with its peer (at most once a minute for each kind and address).
+`wyoming.clients` lists the addresses that may connect at all.
 
 Longer than the project's ~450 lines on purpose: one connection's state machine (describe,
 transcribe with its early transcript, synthesize sentence by sentence) reads best whole; the
@@ -44,11 +50,14 @@ import contextlib
 import ipaddress
 import json
 import logging
+import socket
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import numpy as np
 from wyoming.asr import Transcribe, Transcript, TranscriptChunk, TranscriptStart, TranscriptStop
 from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
 from wyoming.error import Error
@@ -105,6 +114,7 @@ class WyomingServices:
     idle_timeout_s: float = 30.0
     clients: tuple[Network, ...] = ()  # empty: any address
     connections: int = 0
+    refusals: Refusals = field(default_factory=lambda: Refusals())
 
 
 
@@ -135,10 +145,16 @@ class BadEvent(Exception):
     """A client sent something that is not a Wyoming event, or one over a bound."""
 
 
+class NotReading(Exception):
+    """A client left the server's output unread for longer than the idle timeout."""
+
+
 MAX_LINE_BYTES = 64 * 1024  # asyncio's StreamReader refuses longer header lines
 MAX_DATA_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = 1024 * 1024
-MAX_UTTERANCE_BYTES = int(MAX_DECODE_S * SAMPLE_RATE * 2)
+WRITE_BUFFER_BYTES = 64 * 1024  # output queued in the server before a write waits
+SEND_BUFFER_BYTES = 256 * 1024  # the kernel's share (SO_SNDBUF; Linux autotunes to MBs)
+REFUSAL_LOG_S = 60.0  # each kind of refusal from one address is logged at most this often
 MAX_TEXT_CHARS = 100_000  # a streamed synthesis's text
 RATES = range(8_000, 96_001)  # the sample rates of real microphones, in Hz
 WIDTHS = (1, 2, 4)  # bytes per sample
@@ -260,17 +276,38 @@ class WyomingHandler(AsyncEventHandler):
         self.speaking: asyncio.Task[None] | None = None
         self.pause = PauseDetector()
         self.early: EarlyTranscript | None = None
+        self.seconds = 0.0  # of the utterance so far, counted in its own frames
+        self._bound_output()
+
+    def _bound_output(self) -> None:
+        """Bound what a client that does not read can make the server hold (see the module)."""
+        self.writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
+        sock = self.writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+
+    async def write_event(self, event: Event) -> None:
+        """Send an event; NotReading when the client takes none of the output queued before
+        it for `idle_timeout_s`."""
+        try:
+            async with asyncio.timeout(self.services.idle_timeout_s):
+                await super().write_event(event)
+        except TimeoutError as err:
+            raise NotReading(
+                f"the client read nothing for {self.services.idle_timeout_s:g} s"
+            ) from err
 
     async def run(self) -> None:
         """Events until the conversation ends, the client leaves or sends something malformed
         (then it gets an `error` event); the connection is always closed at the end."""
         services = self.services
         if not self._allowed():
-            await self._error("this address may not use the Wyoming server", "Forbidden")
+            await self._refuse("this address may not use the Wyoming server", "Forbidden")
             await self._close()
             return
         if services.connections >= services.max_connections:
-            await self._error(
+            await self._refuse(
                 f"busy: {services.max_connections} Wyoming connections are open", "Busy"
             )
             await self._close()
@@ -283,18 +320,21 @@ class WyomingHandler(AsyncEventHandler):
                     async with asyncio.timeout(wait):
                         event = await read_event(self.reader)
                 except TimeoutError:
-                    await self._error(f"no event for {wait:g} s: the connection is closed", "Idle")
+                    await self._refuse(f"no event for {wait:g} s: the connection is closed", "Idle")
                     break
                 if event is None or not await self.handle_event(event):
                     break
                 wait = services.idle_timeout_s
+        except NotReading as err:
+            self.writer.transport.abort()  # nothing more can be said to it: the slot is freed
+            services.refusals.note(self._peer(), "NotReading", str(err))
         except BadEvent as err:
-            await self._error(str(err), "BadEvent")
+            await self._refuse(str(err), "BadEvent")
         except (KeyError, TypeError, ValueError) as err:  # an event whose fields are wrong
-            await self._error(f"a malformed event: {err!r}", "BadEvent")
+            await self._refuse(f"a malformed event: {err!r}", "BadEvent")
         except Exception as err:  # e.g. audio the converter cannot take: said, not dropped
             _LOGGER.warning("Wyoming connection failed: %r", err)
-            await self._error(f"the event could not be handled: {err!r}", "BadEvent")
+            await self._refuse(f"the event could not be handled: {err!r}", "BadEvent")
         finally:
             services.connections -= 1
             await self.disconnect()
@@ -303,8 +343,14 @@ class WyomingHandler(AsyncEventHandler):
     def _allowed(self) -> bool:
         return client_allowed(self.writer.get_extra_info("peername"), self.services.clients)
 
-    async def _error(self, text: str, code: str) -> None:
-        with contextlib.suppress(ConnectionError, RuntimeError):
+    def _peer(self) -> str:
+        peer = self.writer.get_extra_info("peername")
+        return str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+
+    async def _refuse(self, text: str, code: str) -> None:
+        """Say why the connection ends, and log it (rate-limited) for the operator."""
+        self.services.refusals.note(self._peer(), code, text)
+        with contextlib.suppress(ConnectionError, RuntimeError, NotReading):
             await self.write_event(Error(text=text, code=code).event())
 
     async def _close(self) -> None:
@@ -325,6 +371,7 @@ class WyomingHandler(AsyncEventHandler):
             start = AudioStart.from_event(event)
             _check_format(start.rate, start.width, start.channels)
             self.audio.clear()
+            self.seconds = 0.0
             self.pause = PauseDetector()
             return True
         if AudioChunk.is_type(event.type):
@@ -332,10 +379,13 @@ class WyomingHandler(AsyncEventHandler):
             # Checked before converting: resampling from a rate of 1 Hz makes 16,000 samples
             # of every one it is given.
             _check_format(audio.rate, audio.width, audio.channels)
-            seconds = len(audio.audio) / (audio.rate * audio.width * audio.channels)
-            if len(self.audio) + seconds * SAMPLE_RATE * 2 > MAX_UTTERANCE_BYTES + 2:
+            frame = audio.width * audio.channels
+            if len(audio.audio) % frame:
+                raise BadEvent(f"audio of whole frames ({frame} bytes each)")
+            self.seconds += len(audio.audio) // frame / audio.rate
+            if self.seconds > MAX_DECODE_S:
                 raise BadEvent(f"an utterance longer than {MAX_DECODE_S:.0f} s")
-            chunk = self.converter.convert(audio).audio
+            chunk = self.converter.convert(mono(audio)).audio
             self.audio += chunk
             self._listen(chunk)
             return True
@@ -372,6 +422,7 @@ class WyomingHandler(AsyncEventHandler):
         if SynthesizeStart.is_type(event.type):
             self.text = asyncio.Queue()
             self.speaking = asyncio.create_task(self._speak_stream(voice, self.text))
+            self.speaking.add_done_callback(self._unread)
             return True
         if SynthesizeChunk.is_type(event.type):
             if self.text is not None:
@@ -398,6 +449,12 @@ class WyomingHandler(AsyncEventHandler):
         await self._speak(voice, sentences)
         return False
 
+    def _unread(self, task: asyncio.Task[None]) -> None:
+        """A streamed synthesis the client did not read: the connection ends (its reads stop)."""
+        if not task.cancelled() and isinstance(task.exception(), NotReading):
+            self.services.refusals.note(self._peer(), "NotReading", str(task.exception()))
+            self.writer.transport.abort()
+
     async def _speak_stream(self, voice: VoiceService, text: asyncio.Queue[str | None]) -> None:
         buffer = SentenceBuffer()
 
@@ -413,17 +470,23 @@ class WyomingHandler(AsyncEventHandler):
     async def _speak(self, voice: VoiceService, sentences: AsyncIterator[str] | list[str]) -> None:
         rate = voice.engine.sample_rate
         started = False
+        spoken = speak(voice, sentences, self.services.priority, client="wyoming")
         try:
-            async for audio in speak(voice, sentences, self.services.priority, client="wyoming"):
-                if not started:
-                    await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
-                    started = True
-                step = SAMPLES_PER_CHUNK * 2
-                for offset in range(0, len(audio.pcm), step):
-                    chunk = AudioChunk(
-                        rate=rate, width=2, channels=1, audio=audio.pcm[offset : offset + step]
-                    )
-                    await self.write_event(chunk.event())
+            # Closed on the way out, whatever ends it: a client that stops reading leaves
+            # nothing queued on the device.
+            async with contextlib.aclosing(spoken):
+                async for audio in spoken:
+                    if not started:
+                        await self.write_event(
+                            AudioStart(rate=rate, width=2, channels=1).event()
+                        )
+                        started = True
+                    step = SAMPLES_PER_CHUNK * 2
+                    for offset in range(0, len(audio.pcm), step):
+                        chunk = AudioChunk(
+                            rate=rate, width=2, channels=1, audio=audio.pcm[offset : offset + step]
+                        )
+                        await self.write_event(chunk.event())
         except (TextError, Refused, Cancelled, Expired) as err:
             await self.write_event(Error(text=str(err), code=type(err).__name__).event())
             return
@@ -478,6 +541,48 @@ def _consume(task: asyncio.Task[TranscriptEvent]) -> None:
     """An early transcript nobody awaited (speech resumed, or the client left)."""
     if not task.cancelled():
         task.exception()
+
+
+SAMPLE_TYPES: dict[int, Any] = {1: np.int8, 2: np.dtype("<i2"), 4: np.dtype("<i4")}  # audioop's
+
+
+def mono(chunk: AudioChunk) -> AudioChunk:
+    """The chunk with its channels averaged into one, at its own rate and width. (audioop's
+    tomono, which the converter uses, reads any count as two channels: 4- and 8-channel
+    microphones were transcribed as noise.)"""
+    if chunk.channels == 1:
+        return chunk
+    samples = np.frombuffer(chunk.audio, SAMPLE_TYPES[chunk.width])
+    frames = samples.reshape(-1, chunk.channels).mean(axis=1, dtype=np.float64)
+    audio = np.round(frames).astype(SAMPLE_TYPES[chunk.width]).tobytes()
+    return AudioChunk(chunk.rate, chunk.width, 1, audio, timestamp=chunk.timestamp)
+
+
+class Refusals:
+    """Refused connections in the log, each kind from each address at most once a minute (a
+    flood from one satellite is one line a minute, with how many were refused since)."""
+
+    def __init__(self, every_s: float = REFUSAL_LOG_S) -> None:
+        self.every_s = every_s
+        self._last: dict[tuple[str, str], float] = {}
+        self._since: dict[tuple[str, str], int] = {}
+
+    def note(self, peer: str, code: str, text: str) -> None:
+        key = (peer, code)
+        now = time.monotonic()
+        if now - self._last.get(key, -self.every_s) < self.every_s:
+            self._since[key] = self._since.get(key, 0) + 1
+            return
+        more = self._since.pop(key, 0)
+        self._last[key] = now
+        _LOGGER.warning(
+            "Wyoming refused %s (%s): %s%s", peer, code, text,
+            f" ({more} more since the last line)" if more else "",
+        )
+        if len(self._last) > 4096:  # many addresses: forget the oldest
+            oldest = min(self._last, key=self._last.__getitem__)
+            self._last.pop(oldest)
+            self._since.pop(oldest, None)
 
 
 def _check_format(rate: Any, width: Any, channels: Any) -> None:
