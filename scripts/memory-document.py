@@ -17,7 +17,8 @@ import urllib.request
 from typing import Any
 
 PORT = 18777
-WORDS = ["the", "boiler", "manual", "says", "to", "check", "the", "pressure", "gauge", "weekly", "and", "bleed", "radiators", "in", "autumn"]
+WORDS = ["the", "boiler", "manual", "says", "to", "check", "the", "pressure", "gauge", "weekly",
+         "and", "bleed", "radiators", "in", "autumn"]
 
 
 def main() -> int:
