@@ -34,6 +34,7 @@ from .const import (
     MAX_TOOL_ITERATIONS,
 )
 from .coordinator import FairlaneConfigEntry, FairlaneCoordinator
+from .home_words import HomeWords, constrain, home_words
 from .llm_api import documents_tool, lane_of
 from .schema import to_json_schema, vol
 from .tool_args import repair_args
@@ -144,8 +145,9 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
         tools: list[dict[str, Any]] | None = None
         intent_tools: set[str] = set()
         if chat_log.llm_api:
+            words = home_words(self.hass)
             tools = [
-                _format_tool(tool, chat_log.llm_api.custom_serializer)
+                _format_tool(tool, chat_log.llm_api.custom_serializer, words)
                 for tool in chat_log.llm_api.tools
             ]
             intent_tools = {tool.name for tool in chat_log.llm_api.tools if _is_intent(tool)}
@@ -262,12 +264,15 @@ def _actions_done(chat_log: conversation.ChatLog) -> bool:
     )
 
 
-def _format_tool(tool: llm.Tool, serializer: Callable[[Any], Any] | None) -> dict[str, Any]:
-    """An Assist tool in OpenAI's `tools` shape."""
-    function: dict[str, Any] = {
-        "name": tool.name,
-        "parameters": to_json_schema(tool.parameters, serializer),
-    }
+def _format_tool(
+    tool: llm.Tool, serializer: Callable[[Any], Any] | None, words: HomeWords
+) -> dict[str, Any]:
+    """An Assist tool in OpenAI's `tools` shape; an intent's targets limited to the home's
+    words (`home_words`: the server samples the call under this schema)."""
+    parameters = to_json_schema(tool.parameters, serializer)
+    if _is_intent(tool):
+        parameters = constrain(parameters, words, _unwrapped(tool).name)
+    function: dict[str, Any] = {"name": tool.name, "parameters": parameters}
     if tool.description:
         function["description"] = tool.description
     return {"type": "function", "function": function}
@@ -420,9 +425,13 @@ async def search_first(chat_log: conversation.ChatLog, agent_id: str) -> str | N
 
 def _is_intent(tool: llm.Tool) -> bool:
     """An Assist intent tool, also when several APIs are merged and it is namespaced."""
+    return isinstance(_unwrapped(tool), llm.IntentTool)
+
+
+def _unwrapped(tool: llm.Tool) -> llm.Tool:
     while isinstance(tool, llm.NamespacedTool):
         tool = tool.tool
-    return isinstance(tool, llm.IntentTool)
+    return tool
 
 
 def _trim_history(messages: list[dict[str, Any]], max_turns: int) -> list[dict[str, Any]]:
