@@ -179,6 +179,18 @@ def _bench(args: argparse.Namespace) -> int:
         result = busy_host(Path(args.fixtures), targets, args.rounds)
     elif args.what == "throughput":
         result = llm.throughput(args.streams, threads, args.max_tokens, args.rounds)
+    elif args.what == "assist":
+        from fairlane.bench.assist import assist, format_table
+
+        if not args.datasets or not args.synthetic_home:
+            raise ValueError("assist needs --datasets and --synthetic-home (checkouts)")
+        result = assist(
+            Path(args.datasets), Path(args.synthetic_home), args.dataset,
+            tuple((args.targets or "fairlane,fairlane+local,homeassistant").split(",")),
+            args.count, args.categories, args.turn_timeout,
+            serve_args=tuple(f"--set={item}" for item in args.set or ()),
+        )
+        print(format_table(result))
     elif args.what == "host":
         from fairlane.bench.host import host_overhead
 
@@ -479,7 +491,18 @@ def build_parser() -> argparse.ArgumentParser:
             "soak",
             "busy-host",
             "host",
+            "assist",
         ],
+    )
+    bench.add_argument("--datasets", help="assist: a checkout of home-assistant-datasets")
+    bench.add_argument(
+        "--synthetic-home", help="assist: a checkout of home-assistant-synthetic-home"
+    )
+    bench.add_argument("--dataset", default="assist-mini", help="assist: assist-mini or assist")
+    bench.add_argument("--count", type=int, default=2, help="assist: repeats of every agent")
+    bench.add_argument("--categories", help="assist: only these categories (comma-separated)")
+    bench.add_argument(
+        "--turn-timeout", type=float, default=300.0, help="assist: seconds a turn may take"
     )
     bench.add_argument(
         "--sizes", type=int, nargs="+", default=[8, 64, 256], help="scheduler: running sequences"
@@ -559,7 +582,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--set",
         action="append",
         metavar="KEY=VALUE",
-        help="interference: a policy setting for both servers, e.g. --set slice_ms=50",
+        help="interference: a policy setting for both servers, e.g. --set slice_ms=50; assist: "
+        "a server setting, e.g. --set llm.model=PATH",
     )
     bench.add_argument(
         "--fixtures",
