@@ -75,17 +75,42 @@ def _record_requests(entry: MockConfigEntry, monkeypatch: pytest.MonkeyPatch) ->
     return sent
 
 
-async def test_a_done_action_is_confirmed_in_the_next_round(
+# A language Home Assistant has no responses in: the model confirms a done action itself.
+NO_RESPONSES = "xx"
+
+
+async def test_a_done_action_is_answered_in_home_assistant_s_own_words(
     hass: HomeAssistant, entry: MockConfigEntry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """At temperature 0 the default model, given HassTurnOn's `action_done`, asks for the same
-    call again when it may: a whole round spent on nothing. When Home Assistant reports every
-    action of a round done, the next round may not call a tool: two model calls, not three."""
+    """Asked to confirm a done action, the default model wrote "Mark the kitchen light as
+    off.", listed commands, or answered in Chinese. Home Assistant's own response for the
+    intent, in the conversation's language, is the answer: one model call, not two."""
     await add_kitchen_light(hass, "Kitchen lights")
     await set_agent(hass, entry, **{CONF_TEMPERATURE: 0.0})
     sent = _record_requests(entry, monkeypatch)
     result = await conversation.async_converse(
-        hass, "Turn on the kitchen lights", None, Context(), agent_id=AGENT
+        hass, "Turn on the kitchen lights", None, Context(), agent_id=AGENT, language="en"
+    )
+    await hass.async_block_till_done()
+    assert hass.states.get("light.kitchen_lights").state == "on"
+    assert len(sent) == 1
+    assert result.response.speech["plain"]["speech"] == "Turned on the light"
+
+
+async def test_a_done_action_is_confirmed_in_the_next_round(
+    hass: HomeAssistant, entry: MockConfigEntry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where Home Assistant has no response in the conversation's language, the model confirms
+    the action. At temperature 0 the default model, given HassTurnOn's `action_done`, asks for
+    the same call again when it may: a whole round spent on nothing. When Home Assistant
+    reports every action of a round done, the next round may not call a tool: two model calls,
+    not three."""
+    await add_kitchen_light(hass, "Kitchen lights")
+    await set_agent(hass, entry, **{CONF_TEMPERATURE: 0.0})
+    sent = _record_requests(entry, monkeypatch)
+    result = await conversation.async_converse(
+        hass, "Turn on the kitchen lights", None, Context(), agent_id=AGENT,
+        language=NO_RESPONSES,
     )
     await hass.async_block_till_done()
     assert hass.states.get("light.kitchen_lights").state == "on"
@@ -126,8 +151,9 @@ async def test_a_call_goes_back_as_the_model_wrote_it(
             yield chunk
 
     monkeypatch.setattr(client, "chat_stream", chat_stream)
-    await conversation.async_converse(
-        hass, "Turn on the kitchen lights", None, Context(), agent_id=AGENT
+    await conversation.async_converse(  # a second round: the model confirms (see above)
+        hass, "Turn on the kitchen lights", None, Context(), agent_id=AGENT,
+        language=NO_RESPONSES,
     )
     await hass.async_block_till_done()
     assert hass.states.get("light.kitchen_lights").state == "on"

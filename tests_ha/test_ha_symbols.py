@@ -13,7 +13,7 @@ import pytest
 
 INTEGRATION = Path(__file__).resolve().parents[1] / "custom_components" / "fairlane"
 # Packages the integration takes from Home Assistant's own requirements, not its manifest.
-FROM_CORE = ("homeassistant", "voluptuous_openapi")
+FROM_CORE = ("homeassistant", "voluptuous_openapi", "home_assistant_intents")
 
 
 def listed() -> list[str]:

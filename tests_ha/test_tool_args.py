@@ -7,6 +7,7 @@ from homeassistant.helpers import area_registry as ar
 from homeassistant.helpers import floor_registry as fr
 
 from custom_components.fairlane.tool_args import repair_args
+from tests_ha.conftest import add_kitchen_light
 
 
 async def test_guessed_filters_are_dropped_when_the_entity_is_named(hass: HomeAssistant) -> None:
@@ -27,3 +28,28 @@ async def test_nothing_is_widened_without_a_name(hass: HomeAssistant) -> None:
     args = {"area": "Attic", "domain": ["light"], "device_class": ["outlet"]}
     assert repair_args(hass, args) == args
     assert repair_args(hass, {"area": "Attic", "floor": ""}) == {"area": "Attic"}
+
+
+async def test_a_target_the_person_did_not_say_gives_way_to_one_they_did(
+    hass: HomeAssistant,
+) -> None:
+    """Shown the home's names, the small model fills every slot: "turn on the Backyard light"
+    came back naming a bedroom's light, "dining room light off" with the kitchen as its area."""
+    await add_kitchen_light(hass, "Dining Room Light")  # in the Kitchen area...
+    ar.async_get(hass).async_create("Backyard")
+    said = "Turn on the Backyard light"
+    assert repair_args(hass, {"name": "Dining Room Light", "area": "Backyard",
+                              "domain": ["light"]}, said) == {
+        "area": "Backyard", "domain": ["light"]}
+    # ...so a named entity that is not where the model put it keeps its name, not the area.
+    said = "Dining room light off"
+    assert repair_args(hass, {"name": "Dining Room Light", "area": "Backyard"}, said) == {
+        "name": "Dining Room Light"}
+    # A domain none of the named entities has goes; one they have stays.
+    assert repair_args(hass, {"name": "Dining Room Light", "domain": ["binary_sensor"]},
+                       said) == {"name": "Dining Room Light"}
+    assert repair_args(hass, {"name": "Dining Room Light", "domain": ["light"]}, said) == {
+        "name": "Dining Room Light", "domain": ["light"]}
+    # Neither said: the name stands, as without the words.
+    assert repair_args(hass, {"name": "Dining Room Light", "area": "Kitchen"}, "do it") == {
+        "name": "Dining Room Light", "area": "Kitchen"}

@@ -77,6 +77,7 @@ class FairlaneConversationEntity(
             chat_log,
             fairlane_class=turn_class(user_input, options.get(CONF_CHAT_CLASS, CLASS_AUTO)),
             user=user_input.context.user_id or user_input.satellite_id or user_input.device_id,
+            language=user_input.language,
         )
         return conversation.async_get_result_from_chat_log(user_input, chat_log)
 

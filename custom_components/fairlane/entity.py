@@ -34,6 +34,7 @@ from .const import (
     MAX_TOOL_ITERATIONS,
 )
 from .coordinator import FairlaneConfigEntry, FairlaneCoordinator
+from .answers import done_speech
 from .home_words import HomeWords, constrain, home_words
 from .llm_api import documents_tool, lane_of
 from .schema import to_json_schema, vol
@@ -139,6 +140,7 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
         fairlane_class: str,
         user: str | None,
         structure: vol.Schema | None = None,
+        language: str | None = None,
     ) -> None:
         """Run the model over the chat log, calling Assist tools until it answers (bounded)."""
         options = self.subentry.data
@@ -210,7 +212,8 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
             try:
                 async for _content in chat_log.async_add_delta_content_stream(
                     self.entity_id,
-                    _deltas(self.hass, stream, intent_tools, made, repeated, self._written),
+                    _deltas(self.hass, stream, intent_tools, made, repeated, self._written,
+                            _said(chat_log)),
                 ):
                     pass
             except FairlaneRequestError as err:
@@ -235,19 +238,32 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
                 continue
             if not chat_log.unresponded_tool_results:
                 return
-            if _actions_done(chat_log):
-                # Home Assistant says each action this round asked for is done: the next round
-                # confirms it in words. (Offered the tools again, the default model asks for
-                # the same call once more, a whole wasted round: ~2.4 s of a spoken command on
-                # 2 cores.) A query's answer, a tool's error or a failed target still leaves
+            if done := _actions_done(chat_log):
+                # Home Assistant says each action this round asked for is done: its own
+                # response for them is the answer (`answers`), in the conversation's language;
+                # where it has none, the next round confirms it in words. (Offered the tools
+                # again, the default model asks for the same call once more, a whole wasted
+                # round.) A query's answer, a tool's error or a failed target still leaves
                 # the model free to call again.
+                if language and (speech := await done_speech(self.hass, language, done)):
+                    chat_log.async_add_assistant_content_without_tools(
+                        conversation.AssistantContent(agent_id=self.entity_id, content=speech)
+                    )
+                    return
                 answer = True
 
 
-def _actions_done(chat_log: conversation.ChatLog) -> bool:
-    """Whether the last round's tool results are all Assist actions Home Assistant reports
-    done (an intent's `action_done`) with no target failed."""
-    results: list[Any] = []
+def _actions_done(
+    chat_log: conversation.ChatLog,
+) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """The last round's calls (intent, arguments, result) when all are Assist actions Home
+    Assistant reports done (an intent's `action_done`) with no target failed; else []."""
+    done: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    calls: dict[str, llm.ToolInput] = {}
+    for content in reversed(chat_log.content):
+        if isinstance(content, conversation.AssistantContent):
+            calls = {call.id: call for call in content.tool_calls or ()}
+            break
     for content in reversed(chat_log.content):
         if not isinstance(content, conversation.ToolResultContent):
             break
@@ -255,13 +271,17 @@ def _actions_done(chat_log: conversation.ChatLog) -> bool:
         if isinstance(result, dict) and set(result) == {"data", "error"}:
             # Current releases: `llm.ToolResult`, whose `error` is a flag.
             result = None if result["error"] else result["data"]
-        results.append(result)
-    return bool(results) and all(
-        isinstance(result, dict)
-        and result.get("response_type") == intent.IntentResponseType.ACTION_DONE.value
-        and not (result.get("data") or {}).get("failed")
-        for result in results
-    )
+        if not (
+            isinstance(result, dict)
+            and result.get("response_type") == intent.IntentResponseType.ACTION_DONE.value
+            and not (result.get("data") or {}).get("failed")
+        ):
+            return []
+        call = calls.get(content.tool_call_id)
+        args = dict(call.tool_args) if call is not None else {}
+        done.append((content.tool_name, args, result))
+    done.reverse()
+    return done
 
 
 def _format_tool(
@@ -453,6 +473,7 @@ async def _deltas(
     made: set[str],
     repeated: list[str],
     written: dict[str, str] | None = None,
+    said: str | None = None,
 ) -> AsyncGenerator[conversation.AssistantContentDeltaDict]:
     """OpenAI stream chunks → the chat log's deltas.
 
@@ -462,7 +483,8 @@ async def _deltas(
     chunk that is not in OpenAI's shape ends the turn with an error, not a traceback.
     A call the turn has already made (`made`: name and arguments) is not handed over again;
     its name goes to `repeated`. A call whose arguments were repaired keeps the arguments the
-    model wrote in `written` (by call id), to be sent back as written.
+    model wrote in `written` (by call id), to be sent back as written. `said`: the person's
+    words this turn, against which an intent's targets are repaired (`tool_args`).
     """
     yield {"role": "assistant"}
     calls: dict[int, dict[str, str]] = {}
@@ -483,7 +505,7 @@ async def _deltas(
             raise FairlaneProtocolError(f"malformed stream chunk: {str(chunk)[:120]}") from err
     fresh = []
     for _, call in sorted(calls.items()):
-        tool_input = _tool_input(hass, call, call["name"] in intent_tools)
+        tool_input = _tool_input(hass, call, call["name"] in intent_tools, said)
         if written is not None and tool_input.id and tool_input.tool_args != _arguments(call):
             written[tool_input.id] = call["args"]
             while len(written) > WRITTEN_CALLS:
@@ -507,14 +529,24 @@ def _arguments(call: dict[str, str]) -> dict[str, Any]:
     return args if isinstance(args, dict) else {}
 
 
-def _tool_input(hass: HomeAssistant, call: dict[str, str], intent: bool) -> llm.ToolInput:
+def _said(chat_log: conversation.ChatLog) -> str | None:
+    """The person's words this turn (the chat log's last user message)."""
+    for content in reversed(chat_log.content):
+        if isinstance(content, conversation.UserContent):
+            return content.content
+    return None
+
+
+def _tool_input(
+    hass: HomeAssistant, call: dict[str, str], intent: bool, said: str | None = None
+) -> llm.ToolInput:
     """A complete tool call; an Assist intent's arguments repaired (see `tool_args`)."""
     args = _arguments(call)
     if not args and (call["args"] or "{}").strip() != "{}":
         _LOGGER.warning("Tool call %s with arguments that are not an object: %s",
                         call["name"], call)
     if intent:
-        args = repair_args(hass, args)
+        args = repair_args(hass, args, said)
     if call["id"]:
         return llm.ToolInput(tool_name=call["name"], tool_args=args, id=call["id"])
     return llm.ToolInput(tool_name=call["name"], tool_args=args)

@@ -1,0 +1,33 @@
+"""A done action's answer in Home Assistant's own words and the conversation's language."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from homeassistant.core import HomeAssistant
+
+from custom_components.fairlane.answers import done_speech
+from tests_ha.conftest import add_kitchen_light
+
+
+def _done(entity_id: str) -> dict[str, Any]:
+    """An intent's result as Home Assistant returns it for a done action."""
+    return {"response_type": "action_done", "data": {
+        "targets": [], "failed": [],
+        "success": [{"name": "Kitchen light", "type": "entity", "id": entity_id}]}}
+
+
+async def test_each_language_gets_home_assistant_s_own_words(hass: HomeAssistant) -> None:
+    light = await add_kitchen_light(hass)
+    done = [("HassTurnOff", {"name": "Kitchen light"}, _done(light))]
+    assert await done_speech(hass, "en", done) == "Turned off the light"
+    assert await done_speech(hass, "pl", done) == "Wyłączono światło"  # its `light` response
+    assert await done_speech(hass, "de-CH", done)  # the base language's
+    added = [("HassListAddItem", {"item": "milk", "name": "Shopping"}, {"data": {}})]
+    assert await done_speech(hass, "en", added) == "Added milk"  # its only response
+
+
+async def test_no_response_leaves_the_answer_to_the_model(hass: HomeAssistant) -> None:
+    light = await add_kitchen_light(hass)
+    assert await done_speech(hass, "xx", [("HassTurnOn", {}, _done(light))]) is None
+    assert await done_speech(hass, "en", [("MyOwnIntent", {}, _done(light))]) is None
