@@ -19,6 +19,7 @@ from homeassistant.helpers.entity import Entity
 from homeassistant.helpers.json import json_dumps
 from homeassistant.helpers.update_coordinator import CoordinatorEntity
 
+from .answers import done_speech
 from .client import FairlaneError, FairlaneProtocolError, FairlaneRequestError
 from .const import (
     CONF_ADDON_SLUG,
@@ -34,7 +35,6 @@ from .const import (
     MAX_TOOL_ITERATIONS,
 )
 from .coordinator import FairlaneConfigEntry, FairlaneCoordinator
-from .answers import done_speech
 from .home_words import HomeWords, constrain, home_words
 from .llm_api import documents_tool, lane_of
 from .schema import to_json_schema, vol
