@@ -189,6 +189,7 @@ def _bench(args: argparse.Namespace) -> int:
             tuple((args.targets or "fairlane,fairlane+local,homeassistant").split(",")),
             args.count, args.categories, args.turn_timeout,
             serve_args=tuple(f"--set={item}" for item in args.set or ()),
+            checkout=Path(args.checkout) if args.checkout else None,
         )
         print(format_table(result))
     elif args.what == "host":
@@ -500,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--dataset", default="assist-mini", help="assist: assist-mini or assist")
     bench.add_argument("--count", type=int, default=2, help="assist: repeats of every agent")
+    bench.add_argument(
+        "--checkout", help="assist: the integration and server of another checkout (before/after)"
+    )
     bench.add_argument("--categories", help="assist: only these categories (comma-separated)")
     bench.add_argument(
         "--turn-timeout", type=float, default=300.0, help="assist: seconds a turn may take"

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import statistics
 import subprocess
 import sys
+import unicodedata
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -58,8 +60,10 @@ def assist(
     turn_timeout_s: float = 300.0,
     work: Path = Path(".bench/assist"),
     serve_args: tuple[str, ...] = (),
+    checkout: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the agents `count` times over the dataset; the figures per agent."""
+    """Run the agents `count` times over the dataset; the figures per agent. `checkout`: run
+    another checkout's integration and server (an earlier commit, for a before-and-after)."""
     unknown = set(agents) - set(AGENTS)
     if unknown:
         raise ValueError(f"unknown agents {sorted(unknown)}; expected some of {AGENTS}")
@@ -72,7 +76,8 @@ def assist(
         raise ValueError(f"{component} is not the synthetic_home custom component (give "
                          "--synthetic-home a checkout of home-assistant-synthetic-home)")
     python = harness_python(work)
-    run_dir = _run_dir(work, component)
+    integration = (checkout or INTEGRATION.parents[1]).resolve() / "custom_components" / "fairlane"
+    run_dir = _run_dir(work, component, integration)
     token = secrets.token_hex(16)
     port = free_port()
     _write_models(run_dir, port, token)
@@ -83,6 +88,8 @@ def assist(
              "--set", f"server.data_dir={work / 'server-data'}", "--set", "stt.enabled=false",
              "--set", "tts.enabled=false", "--set", "wyoming.enabled=false", *serve_args],
             port, timeout_s=600,
+            env={**os.environ, "PYTHONPATH": str(checkout.resolve() / "addon")} if checkout
+            else None,
         )
     outputs: dict[str, list[Path]] = {agent: [] for agent in agents}
     try:
@@ -98,7 +105,8 @@ def assist(
             server.close()
     results = {agent: _score(python, run_dir, runs) for agent, runs in outputs.items()}
     return {"dataset": dataset, "count": count, "agents": results,
-            "published": PUBLISHED.get(dataset, {})}
+            "published": PUBLISHED.get(dataset, {}),
+            "checkout": str(checkout) if checkout else None}
 
 
 def harness_python(work: Path) -> Path:
@@ -121,14 +129,14 @@ def harness_python(work: Path) -> Path:
     return python
 
 
-def _run_dir(work: Path, component: Path) -> Path:
+def _run_dir(work: Path, component: Path, integration: Path) -> Path:
     """The harness's working directory: its custom components (synthetic_home and Fairlane's
     integration, linked), the models' entries, and Fairlane's plugin."""
     run_dir = work / "run"
     components = run_dir / "custom_components"
     components.mkdir(parents=True, exist_ok=True)
     (components / "__init__.py").touch()
-    for name, target in (("synthetic_home", component.resolve()), ("fairlane", INTEGRATION)):
+    for name, target in (("synthetic_home", component.resolve()), ("fairlane", integration)):
         link = components / name
         if link.is_symlink() or link.exists():
             link.unlink()
@@ -192,6 +200,7 @@ def _score(python: Path, run_dir: Path, runs: list[Path]) -> dict[str, Any]:
     """The harness's eval over each run: tasks passed overall and per category, turn times."""
     passed_by: dict[str, list[int]] = {}
     times: list[float] = []
+    odd: list[str] = []  # replies with JSON, "null" or another script than the home's (Latin)
     for out in runs:
         junit = out / "eval.xml"
         subprocess.run(
@@ -205,6 +214,8 @@ def _score(python: Path, run_dir: Path, runs: list[Path]) -> dict[str, Any]:
             key = str(path.relative_to(out / "outputs"))
             category = str(output.get("category") or "other")
             passed_by.setdefault(category, []).append(0 if key in failed else 1)
+            if _odd(str(output.get("response") or "")):
+                odd.append(str(output.get("response"))[:160])
         if (out / "times.jsonl").exists():
             times += [json.loads(line)["seconds"]
                       for line in (out / "times.jsonl").read_text().splitlines()]
@@ -215,8 +226,20 @@ def _score(python: Path, run_dir: Path, runs: list[Path]) -> dict[str, Any]:
         "categories": {c: {"passed": sum(p), "n": len(p)} for c, p in sorted(passed_by.items())},
         "turn_s": {"median": statistics.median(times) if times else None,
                    "p95": _p95(times)},
+        "odd_replies": len(odd), "odd_examples": odd[:8],
         "runs": [str(out) for out in runs],
     }
+
+
+ODD = re.compile(r"[{}\[\]`]|\bnull\b", re.IGNORECASE)
+
+
+def _odd(reply: str) -> bool:
+    """A reply that holds JSON or "null", or letters of a script other than Latin (the
+    datasets' homes speak English)."""
+    return bool(ODD.search(reply)) or any(
+        c.isalpha() and not unicodedata.name(c, "").startswith("LATIN") for c in reply
+    )
 
 
 def _model_outputs(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
@@ -256,8 +279,8 @@ def format_table(result: dict[str, Any]) -> str:
     categories = sorted({c for r in agents.values() for c in r["categories"]})
     lines = [
         "| agent | " + result["dataset"] + " | " + " | ".join(categories)
-        + " | turn s, median | p95 |",
-        "|---" * (len(categories) + 4) + "|",
+        + " | turn s, median | p95 | replies with JSON, null or another script |",
+        "|---" * (len(categories) + 5) + "|",
     ]
     for agent, r in agents.items():
         cells = [f"{r['categories'][c]['passed']}/{r['categories'][c]['n']}"
@@ -266,9 +289,10 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(
             f"| {agent} | **{r['passed']}/{r['n']} = {r['accuracy']:.1%}** | "
             + " | ".join(cells)
-            + f" | {median:.1f} | {p95:.1f} |" if median is not None else " | | |"
+            + (f" | {median:.1f} | {p95:.1f}" if median is not None else " | |")
+            + f" | {r['odd_replies']} |"
         )
     for model, accuracy in result["published"].items():
         lines.append(f"| published (leaderboard, Ollama, Q4): {model} | {accuracy:.1%} |"
-                     + " |" * (len(categories) + 2))
+                     + " |" * (len(categories) + 3))
     return "\n".join(lines)
