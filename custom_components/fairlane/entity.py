@@ -279,7 +279,8 @@ def _actions_done(
             return []
         call = calls.get(content.tool_call_id)
         args = dict(call.tool_args) if call is not None else {}
-        done.append((content.tool_name, args, result))
+        # The intent's own name: since 2026.11 Assist's tools are namespaced (`intent__…`).
+        done.append((content.tool_name.rpartition("__")[2], args, result))
     done.reverse()
     return done
 
