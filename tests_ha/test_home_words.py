@@ -4,6 +4,7 @@ them), so a small model can only name what exists (issue 43)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -71,6 +72,8 @@ async def test_an_intent_s_targets_become_enums_and_its_other_slots_stay(
     assert alike["properties"]["area"]["enum"] == list(words.areas)
     query = constrain(turn_on, words, "HassGetState")
     assert query["properties"]["name"]["enum"] == ["Kitchen light", "Kitchen temperature"]
+    no_floors = replace(words, floors=())  # a home without floors: nothing to name
+    assert "floor" not in constrain(turn_on, no_floors, "HassTurnOn")["properties"]
     timer = {"type": "object", "properties": {"name": {"type": "string"},
                                               "minutes": {"type": "integer"}}}
     assert constrain(timer, words, "HassStartTimer") == timer  # a timer's name is free

@@ -10,9 +10,11 @@ names. A call can then only name what exists; which of them is still the model's
 An intent that acts (all but the `HassGet…` queries) names only entities of domains that have
 actions: a lock's binary sensor, which shares the lock's name, cannot be locked.
 
-A slot is left free where the home has nothing for it, or more than MAX_WORDS (a very large
-home: the grammar and the prompt grow with the list), and every other slot (a timer's name,
-an item for a list, a brightness) as the intent declares it.
+A target slot the home has nothing for is taken out of the schema: in a home with no floors
+the model filled `floor` with an area's name, and every such call failed. A slot is left free
+where the home has more than MAX_WORDS for it (a very large home: the grammar and the prompt
+grow with the list), and every other slot (a timer's name, an item for a list, a brightness)
+as the intent declares it.
 """
 
 from __future__ import annotations
@@ -97,10 +99,18 @@ def constrain(parameters: dict[str, Any], words: HomeWords, tool: str) -> dict[s
     slots = dict(properties)
     for slot, allowed in choices.items():
         schema = slots.get(slot)
-        if not isinstance(schema, dict) or not allowed or len(allowed) > MAX_WORDS:
+        if not isinstance(schema, dict) or len(allowed) > MAX_WORDS:
+            continue
+        if not allowed:
+            if slot in ("area", "floor"):  # nothing here could match: the slot goes
+                del slots[slot]
             continue
         if schema.get("type") == "array" and isinstance(schema.get("items"), dict):
             slots[slot] = {**schema, "items": {**schema["items"], "enum": list(allowed)}}
         elif schema.get("type") == "string":
             slots[slot] = {**schema, "enum": list(allowed)}
+    required = parameters.get("required")
+    if isinstance(required, list):
+        return {**parameters, "properties": slots,
+                "required": [name for name in required if name in slots]}
     return {**parameters, "properties": slots}
