@@ -53,3 +53,21 @@ async def test_a_target_the_person_did_not_say_gives_way_to_one_they_did(
     # Neither said: the name stands, as without the words.
     assert repair_args(hass, {"name": "Dining Room Light", "area": "Kitchen"}, "do it") == {
         "name": "Dining Room Light", "area": "Kitchen"}
+
+
+async def test_a_call_that_targets_nothing_gets_what_the_person_named(
+    hass: HomeAssistant,
+) -> None:
+    """"Set the smart curtain to 50%" came back as {"position": 50}: Home Assistant refuses a
+    call that targets every device."""
+    await add_kitchen_light(hass, "Kitchen light")
+    ar.async_get(hass).async_create("Living room")
+    slots = frozenset({"name", "area", "floor", "domain", "position"})
+    assert repair_args(hass, {"position": 50}, "Set the kitchen light to 50%", slots) == {
+        "position": 50, "name": "Kitchen light"}
+    assert repair_args(hass, {"position": 50}, "Set the living room curtains to 50%",
+                       slots) == {"position": 50, "area": "Living room"}
+    assert repair_args(hass, {"position": 50}, "Set it to 50%", slots) == {"position": 50}
+    # An intent without targeting slots (a timer's, a list's) gets none.
+    assert repair_args(hass, {"minutes": 5}, "Kitchen light timer for 5 minutes",
+                       frozenset({"name", "minutes"})) == {"minutes": 5}

@@ -475,6 +475,10 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--note", action="append", help="a line for the profile's header")
     fit.set_defaults(func=_profile_fit)
 
+    from fairlane import models_command
+
+    models_command.add_parser(sub)
+
     bench = sub.add_parser("bench", help="benchmarks (printed figures)")
     bench.add_argument(
         "what",

@@ -150,7 +150,7 @@ LLM_SCHEMA = vol.Schema(
         vol.Optional("prefix_cache_tokens", default=None): vol.Any(None, _count(0)),
         # A request's grammar work (JSON mode, tool calls) in one step, at most: past it that
         # request ends with a 400 and the step goes on for everyone else.
-        vol.Optional("grammar_budget_ms", default=250): _count(1),
+        vol.Optional("grammar_budget_ms", default=500): _count(1),
         vol.Optional("worker", default=None): _WORKER,
     },
     extra=vol.PREVENT_EXTRA,
@@ -337,7 +337,7 @@ class LlmConfig:
     gpu_layers: int = 0
     max_tokens: int = 512
     prefix_cache_tokens: int | None = None
-    grammar_budget_ms: int = 250
+    grammar_budget_ms: int = 500
     worker: str | None = None
 
     @property

@@ -213,6 +213,9 @@ async def health(request: web.Request) -> web.Response:
                 "tts": svc.voice.voices[0] if svc.voice else None,
             },
             "wyoming_port": svc.wyoming_port,
+            # A model the config names, pulled while the default serves: its bytes, rate,
+            # ETA, then `restart_needed` (or `failed` with the `error`).
+            "pulls": [p.as_dict() for p in svc.pulls],
             # Beyond the OpenAI API: `speculative_turns` (`fairlane_speculative` chat turns).
             "features": ["speculative_turns"],
         },

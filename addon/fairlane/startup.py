@@ -35,6 +35,7 @@ from fairlane.policy import CostModel, Kind, PolicyConfig, make_policy
 from fairlane.profiles import load as load_profile
 from fairlane.runtime.device import DeviceLoop, Devices
 from fairlane.runtime.identity import instance_id
+from fairlane.runtime.pulls import llm_to_load
 from fairlane.runtime.remote import RemoteLane
 from fairlane.runtime.telemetry import Telemetry
 from fairlane.voice.synthesis import VoiceService
@@ -74,7 +75,9 @@ def build_services(cfg: config_mod.Config) -> Services:
         identity = instance_id(data_dir)
     except OSError as err:
         raise StartupError(f"the data directory {data_dir} cannot be written: {err}") from err
-    model_path = models.resolve_llm(cfg.llm.model)
+    # A catalogue name or a hub reference not pulled yet: the default serves while it comes.
+    llm_model, background_pull = llm_to_load(cfg.llm.model)
+    model_path = models.resolve_llm(llm_model)
     # A GPU build that cannot load a model takes the process down with a signal: load its
     # metadata in a child process first, and refuse the start with one line instead.
     on_gpu = cfg.llm.gpu_layers != 0 and native.gpu_offload()
@@ -144,10 +147,12 @@ def build_services(cfg: config_mod.Config) -> Services:
                Kind.EMBED: cfg.embed.worker}
     device, policy_config = start_loops(cfg, engines, workers)
     telemetry = Telemetry(policy_config)
-    name = cfg.llm.model if cfg.llm.model in models.PACKAGED else model_path.stem
+    name = llm_model if llm_model in models.PACKAGED else model_path.stem
     remotes = [RemoteLane(remote, policy_config) for remote in cfg.remotes]
     speech = SpeechService(device, stt, telemetry, cfg.stt.model) if stt is not None else None
     voice = VoiceService(device, tts, telemetry) if tts is not None else None
+    if background_pull is not None:
+        background_pull.start()
     return Services(
         cfg,
         device,
@@ -166,6 +171,7 @@ def build_services(cfg: config_mod.Config) -> Services:
         placements=placements,
         remotes=remotes,
         speculation=Speculation(device.cancel),
+        pulls=[background_pull] if background_pull is not None else [],
         documents=DocumentStore(data_dir / "fairlane.sqlite")
         if embedder is not None
         else None,

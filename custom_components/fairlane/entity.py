@@ -145,14 +145,18 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
         """Run the model over the chat log, calling Assist tools until it answers (bounded)."""
         options = self.subentry.data
         tools: list[dict[str, Any]] | None = None
-        intent_tools: set[str] = set()
+        intent_tools: dict[str, frozenset[str]] = {}  # an intent's tool name: its slots
         if chat_log.llm_api:
             words = home_words(self.hass)
             tools = [
                 _format_tool(tool, chat_log.llm_api.custom_serializer, words)
                 for tool in chat_log.llm_api.tools
             ]
-            intent_tools = {tool.name for tool in chat_log.llm_api.tools if _is_intent(tool)}
+            intent_tools = {
+                t["function"]["name"]: frozenset(t["function"]["parameters"].get("properties", {}))
+                for tool, t in zip(chat_log.llm_api.tools, tools, strict=True)
+                if _is_intent(tool)
+            }
         body: dict[str, Any] = {
             "model": self.entry.runtime_data.info.llm_model,
             "max_tokens": int(options.get(CONF_MAX_TOKENS, DEFAULT_MAX_TOKENS)),
@@ -470,7 +474,7 @@ def _trim_history(messages: list[dict[str, Any]], max_turns: int) -> list[dict[s
 async def _deltas(
     hass: HomeAssistant,
     chunks: AsyncIterator[dict[str, Any]],
-    intent_tools: set[str],
+    intent_tools: dict[str, frozenset[str]],
     made: set[str],
     repeated: list[str],
     written: dict[str, str] | None = None,
@@ -506,7 +510,7 @@ async def _deltas(
             raise FairlaneProtocolError(f"malformed stream chunk: {str(chunk)[:120]}") from err
     fresh = []
     for _, call in sorted(calls.items()):
-        tool_input = _tool_input(hass, call, call["name"] in intent_tools, said)
+        tool_input = _tool_input(hass, call, intent_tools.get(call["name"]), said)
         if written is not None and tool_input.id and tool_input.tool_args != _arguments(call):
             written[tool_input.id] = call["args"]
             while len(written) > WRITTEN_CALLS:
@@ -539,15 +543,18 @@ def _said(chat_log: conversation.ChatLog) -> str | None:
 
 
 def _tool_input(
-    hass: HomeAssistant, call: dict[str, str], intent: bool, said: str | None = None
+    hass: HomeAssistant,
+    call: dict[str, str],
+    intent: frozenset[str] | None,
+    said: str | None = None,
 ) -> llm.ToolInput:
     """A complete tool call; an Assist intent's arguments repaired (see `tool_args`)."""
     args = _arguments(call)
     if not args and (call["args"] or "{}").strip() != "{}":
         _LOGGER.warning("Tool call %s with arguments that are not an object: %s",
                         call["name"], call)
-    if intent:
-        args = repair_args(hass, args, said)
+    if intent is not None:  # an Assist intent, with these slots
+        args = repair_args(hass, args, said, intent)
     if call["id"]:
         return llm.ToolInput(tool_name=call["name"], tool_args=args, id=call["id"])
     return llm.ToolInput(tool_name=call["name"], tool_args=args)

@@ -13,7 +13,9 @@ Given the person's words, a target the model filled in that they did not say giv
 they did: "turn on the Backyard light" came back as `{"name": "Bedroom 4 Light", "area":
 "Backyard"}` (the model, shown the home's names, fills every slot), and the name they never
 said goes; "dining room light off" as `{"name": "Dining Room Light", "area": "Kitchen"}`, and
-the area goes. Where both or neither were said, the name stands.
+the area goes. Where both or neither were said, the name stands. A call that targets nothing
+("set the smart curtain to 50%" came back as `{"position": 50}`, which Home Assistant refuses:
+it cannot target all devices) gets the entity, or else the area, the person named.
 
 Only Assist's intent tools get this, and only their targeting slots: a script's fields, a
 shopping list item called "None" and other APIs' tools are passed on as the model wrote them.
@@ -38,11 +40,19 @@ TARGET_SLOTS = frozenset({"name", "area", "floor", "domain", "device_class"})
 
 
 def repair_args(
-    hass: HomeAssistant, args: dict[str, Any], said: str | None = None
+    hass: HomeAssistant,
+    args: dict[str, Any],
+    said: str | None = None,
+    slots: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """An intent's `args` without empty target slots and, when an entity is named, without
-    target filters that cannot match; `said`: the person's words this turn."""
+    target filters that cannot match; `said`: the person's words this turn, `slots`: the
+    intent's own (a target is only added where it has `name` and `area`)."""
     args = {k: v for k, v in args.items() if k not in TARGET_SLOTS or not _empty(v)}
+    if said is not None and {"name", "area"} <= slots and not (
+        {"name", "area", "floor"} & args.keys()
+    ):
+        args.update(_target_in(hass, said))
     if said is not None and isinstance(args.get("name"), str) and not _in(args["name"], said):
         places = [args.get(slot) for slot in ("area", "floor")]
         if any(isinstance(place, str) and _in(place, said) for place in places):
@@ -103,6 +113,28 @@ def _named(hass: HomeAssistant, name: str) -> list[_Where]:
             [floor.name, *floor.aliases] if floor else [],
         ))
     return found
+
+
+def _target_in(hass: HomeAssistant, said: str) -> dict[str, str]:
+    """The exposed entity the person's words name (the longest name or alias in them), else
+    the area they name; {} if neither."""
+    entities = er.async_get(hass)
+    names: list[str] = []
+    for state in hass.states.async_all():
+        if async_should_expose(hass, conversation.DOMAIN, state.entity_id):
+            entry = entities.async_get(state.entity_id)
+            names += [state.name, *(entry.aliases if entry is not None else ())]
+    if found := _longest_in(names, said):
+        return {"name": found}
+    areas = [n for a in ar.async_get(hass).async_list_areas() for n in (a.name, *a.aliases)]
+    if found := _longest_in(areas, said):
+        return {"area": found}
+    return {}
+
+
+def _longest_in(names: list[str], said: str) -> str | None:
+    inside = [name for name in names if name.strip() and _in(name, said)]
+    return max(inside, key=len) if inside else None
 
 
 def _in(value: str, words: str) -> bool:

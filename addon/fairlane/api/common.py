@@ -37,6 +37,7 @@ from fairlane.voice.wyoming import SpeechService, WyomingServices
 
 if TYPE_CHECKING:  # grammars imports this module
     from fairlane.api.grammars import Grammars
+    from fairlane.runtime.pulls import BackgroundPull
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -277,6 +278,8 @@ class Services:
     speculation: Speculation | None = None
     # Chat requests' grammars, built off the event loop (made at the first that needs one).
     grammars: Grammars | None = None
+    # Models the config names that are being pulled (runtime.pulls), for /health.
+    pulls: list[BackgroundPull] = field(default_factory=list)
 
 
 SERVICES = web.AppKey("services", Services)

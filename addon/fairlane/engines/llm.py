@@ -116,7 +116,7 @@ class EngineConfig:
     prefix_cache_slots: int = 4
     # A sequence's grammar work in one step, at most (engines.sampling): past it the request
     # ends with an error, and the step goes on for everyone else.
-    grammar_budget_s: float = 0.25
+    grammar_budget_s: float = 0.5
 
 
 # Tokens a prompt gives back from a cached entry's spelling to find a cut the tokenizer shares.
