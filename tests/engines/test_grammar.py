@@ -278,9 +278,9 @@ def test_json_that_does_not_start_a_call_stays_free(engine, template) -> None:
     assert replies[1] == replies[0]
 
 
-# Sixty-four overlapping readings of one ambiguous pattern: under the API's static bounds each, but
-# together a mask of the vocabulary takes ~0.5 s at the first step on this CPU and grows (review 39cbe61, finding 1
-# froze the device for minutes with one such pattern nested deeper).
+# Sixty-four overlapping readings of one ambiguous pattern: under the API's static bounds each,
+# but together a mask of the vocabulary takes ~0.5 s at the first step on this CPU, and grows
+# (review 39cbe61, finding 1 froze the device for minutes with one such pattern nested deeper).
 SLOW = {"anyOf": [{"type": "string", "pattern": f"^(a{{0,10}}){{0,10}}a{{{60 + i}}}$"}
                   for i in range(64)]}
 

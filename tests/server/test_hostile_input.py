@@ -136,6 +136,9 @@ def test_boolean_sub_schemas_and_unambiguous_patterns_are_served(
 def test_a_grammar_too_slow_to_sample_is_a_400_and_the_house_goes_on(
         server: BackgroundServer) -> None:
     """Sixty-four overlapping ambiguous patterns, each under the static bound: a mask of the
+    vocabulary takes ~0.5 s from the first step, and grows. The request ends with a 400 once
+    its grammar passes its budget in a step, while another client's chat, sent beside it, is
+    served."""Sixty-four overlapping ambiguous patterns, each under the static bound: a mask of the
     vocabulary takes ~0.5 s from the first step, and grows. The request ends with a 400 once its grammar passes its budget in a step, while
     another client's chat, sent beside it, is served."""
     slow = {"anyOf": [{"type": "string", "pattern": f"^(a{{0,10}}){{0,10}}a{{{60 + i}}}$"}
