@@ -138,9 +138,7 @@ def test_a_grammar_too_slow_to_sample_is_a_400_and_the_house_goes_on(
     """Sixty-four overlapping ambiguous patterns, each under the static bound: a mask of the
     vocabulary takes ~0.5 s from the first step, and grows. The request ends with a 400 once
     its grammar passes its budget in a step, while another client's chat, sent beside it, is
-    served."""Sixty-four overlapping ambiguous patterns, each under the static bound: a mask of the
-    vocabulary takes ~0.5 s from the first step, and grows. The request ends with a 400 once its grammar passes its budget in a step, while
-    another client's chat, sent beside it, is served."""
+    served."""
     slow = {"anyOf": [{"type": "string", "pattern": f"^(a{{0,10}}){{0,10}}a{{{60 + i}}}$"}
                       for i in range(64)]}
     body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 80,
