@@ -51,6 +51,7 @@ from fairlane.api.documents import (
     stop_workers,
 )
 from fairlane.api.embeddings import embeddings
+from fairlane.api.model_pulls import cancel_pull, get_pull, list_pulls, start_pull
 from fairlane.api.openapi import document, operation, operation_of
 from fairlane.api.remote import api_error
 from fairlane.api.speech import transcriptions
@@ -215,7 +216,7 @@ async def health(request: web.Request) -> web.Response:
             "wyoming_port": svc.wyoming_port,
             # A model the config names, pulled while the default serves: its bytes, rate,
             # ETA, then `restart_needed` (or `failed` with the `error`).
-            "pulls": [p.as_dict() for p in svc.pulls],
+            "pulls": [p.as_dict() for p in svc.pulls.pulls] if svc.pulls else [],
             # Beyond the OpenAI API: `speculative_turns` (`fairlane_speculative` chat turns).
             "features": ["speculative_turns"],
         },
@@ -309,6 +310,10 @@ ROUTES = [
     web.get("/", dashboard),
     web.get("/dashboard", dashboard),
     web.get("/v1/models", list_models),
+    web.post("/v1/models/pull", start_pull),
+    web.get("/v1/models/pull", list_pulls),
+    web.get("/v1/models/pull/{id}", get_pull),
+    web.delete("/v1/models/pull/{id}", cancel_pull),
     web.post("/v1/chat/completions", chat_completions),
     web.post("/v1/chat/completions/{id}/cancel", cancel_completion),
     web.post("/v1/audio/transcriptions", transcriptions),

@@ -35,7 +35,7 @@ from fairlane.policy import CostModel, Kind, PolicyConfig, make_policy
 from fairlane.profiles import load as load_profile
 from fairlane.runtime.device import DeviceLoop, Devices
 from fairlane.runtime.identity import instance_id
-from fairlane.runtime.pulls import llm_to_load
+from fairlane.runtime.pulls import PullJobs, llm_to_load
 from fairlane.runtime.remote import RemoteLane
 from fairlane.runtime.telemetry import Telemetry
 from fairlane.voice.synthesis import VoiceService
@@ -151,8 +151,11 @@ def build_services(cfg: config_mod.Config) -> Services:
     remotes = [RemoteLane(remote, policy_config) for remote in cfg.remotes]
     speech = SpeechService(device, stt, telemetry, cfg.stt.model) if stt is not None else None
     voice = VoiceService(device, tts, telemetry) if tts is not None else None
+    pulls = PullJobs(data_dir)
     if background_pull is not None:
+        pulls.adopt(background_pull)
         background_pull.start()
+    pulls.resume()  # pulls asked for before a restart go on from their bytes
     return Services(
         cfg,
         device,
@@ -171,7 +174,7 @@ def build_services(cfg: config_mod.Config) -> Services:
         placements=placements,
         remotes=remotes,
         speculation=Speculation(device.cancel),
-        pulls=[background_pull] if background_pull is not None else [],
+        pulls=pulls,
         documents=DocumentStore(data_dir / "fairlane.sqlite")
         if embedder is not None
         else None,

@@ -67,3 +67,43 @@ def test_a_configured_hub_model_is_pulled_then_served_after_a_restart(
         status, reply = http(restarted, "POST", "/v1/chat/completions", ask)
         assert status == 200 and reply["model"] == Path(NAME).stem
     assert len(hub_with_a_tiny_model.downloads) == 1  # pulled once, not again at the restart
+
+
+def test_a_pull_over_http_is_a_durable_job_that_can_be_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = tmp_path / "served.gguf"
+    served.write_bytes(b"GGUF" + bytes(24 * 1024 * 1024))
+    model_dir = tmp_path / "models"
+    model_dir.mkdir()
+    default = models.resolve_llm(models.DEFAULT_LLM)
+    (model_dir / default.name).symlink_to(default)
+    monkeypatch.setenv("FAIRLANE_MODEL_DIR", str(model_dir))
+    base = server_config()
+    cfg = replace(base, stt=replace(base.stt, enabled=False),
+                  tts=replace(base.tts, enabled=False), embed=replace(base.embed, enabled=False))
+    with Hub() as hub, BackgroundServer(cfg) as server:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        hub.add(REPO, NAME, served)
+        status, answer = http(server, "POST", "/v1/models/pull", {"model": "nobody/x"})
+        assert status == 400 and "OWNER/REPO:QUANT" in answer["error"]["message"]
+        hub.slow = True
+        status, job = http(server, "POST", "/v1/models/pull", {"model": f"hf:{REPO}/{NAME}"})
+        assert status == 202 and job["state"] == "pulling"
+        record = Path(cfg.server.data_dir).expanduser() / "pulls.json"
+        assert f"hf:{REPO}/{NAME}" in record.read_text()  # written before the answer
+        again = http(server, "POST", "/v1/models/pull", {"model": f"hf:{REPO}/{NAME}"})[1]
+        assert again["id"] == job["id"]  # the same file: the same pull
+        wait_for(lambda: http(server, "GET", f"/v1/models/pull/{job['id']}")[1]["bytes_done"])
+        status, _ = http(server, "DELETE", f"/v1/models/pull/{job['id']}")
+        assert status == 200
+        assert wait_for(lambda: http(server, "GET", f"/v1/models/pull/{job['id']}")[1]
+                        ["state"] == "cancelled")
+        hub.slow = False
+        status, job = http(server, "POST", "/v1/models/pull", {"model": f"hf:{REPO}/{NAME}"})
+        assert wait_for(lambda: http(server, "GET", f"/v1/models/pull/{job['id']}")[1]
+                        ["state"] == "done")
+        assert hub.downloads[-1][1] not in (None, "bytes=0-")  # went on from its bytes
+        assert (model_dir / "hub" / REPO / NAME).read_bytes() == served.read_bytes()
+        assert http(server, "GET", "/v1/models/pull/nothing")[0] == 404
+        assert record.read_text() == "[]"

@@ -37,7 +37,7 @@ from fairlane.voice.wyoming import SpeechService, WyomingServices
 
 if TYPE_CHECKING:  # grammars imports this module
     from fairlane.api.grammars import Grammars
-    from fairlane.runtime.pulls import BackgroundPull
+    from fairlane.runtime.pulls import PullJobs
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -278,8 +278,8 @@ class Services:
     speculation: Speculation | None = None
     # Chat requests' grammars, built off the event loop (made at the first that needs one).
     grammars: Grammars | None = None
-    # Models the config names that are being pulled (runtime.pulls), for /health.
-    pulls: list[BackgroundPull] = field(default_factory=list)
+    # Models being pulled: the config's, and those asked for (runtime.pulls).
+    pulls: PullJobs | None = None
 
 
 SERVICES = web.AppKey("services", Services)
