@@ -6,7 +6,7 @@ from typing import Any
 
 from homeassistant.core import HomeAssistant
 
-from custom_components.fairlane.answers import done_speech
+from custom_components.fairlane.answers import done_speech, failure_speech, no_words
 from tests_ha.conftest import add_kitchen_light
 
 
@@ -31,3 +31,14 @@ async def test_no_response_leaves_the_answer_to_the_model(hass: HomeAssistant) -
     light = await add_kitchen_light(hass)
     assert await done_speech(hass, "xx", [("HassTurnOn", {}, _done(light))]) is None
     assert await done_speech(hass, "en", [("MyOwnIntent", {}, _done(light))]) is None
+
+
+async def test_a_reply_without_words_becomes_home_assistant_s_failure_message(
+    hass: HomeAssistant,
+) -> None:
+    """After a failed call the default model answered "NULL", which the voice read out."""
+    assert no_words("NULL") and no_words(" none. ") and no_words("")
+    assert not no_words("Turned on the light") and not no_words("Nothing is on")
+    assert await failure_speech(hass, "en") == "An unexpected error occurred"
+    assert await failure_speech(hass, "pl") not in (None, "An unexpected error occurred")
+    assert await failure_speech(hass, "xx") is None

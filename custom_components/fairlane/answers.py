@@ -9,6 +9,10 @@ milk"): it is rendered here, with the call's slots and the matched entity, as th
 agent renders it, and it is the turn's answer. No model round is spent on it, so a spoken
 command's reply comes sooner too. An intent with no response in that language, or whose
 response cannot be rendered, leaves the answer to the model, as before.
+
+A reply with no words for a person (the model wrote "NULL" after a call failed) is replaced
+by Home Assistant's own message for a failure in that language ("An unexpected error
+occurred"): honest, and never read aloud as "null".
 """
 
 from __future__ import annotations
@@ -25,14 +29,35 @@ from homeassistant.helpers import template
 _LOGGER = logging.getLogger(__name__)
 
 
+# Replies that hold no words for a person.
+NO_WORDS = frozenset({"", "null", "none", "nil", "undefined", "n/a"})
+
+
 @functools.cache
-def _responses(language: str) -> dict[str, dict[str, str]]:
-    """Home Assistant's response templates for each intent in a language (or its base)."""
+def _all_responses(language: str) -> dict[str, Any]:
+    """Home Assistant's responses in a language (or its base): `intents`, `errors`."""
     for tag in (language, language.split("-")[0]):
         data = get_intents(tag)
         if data:
-            return dict(data.get("responses", {}).get("intents", {}))
+            return dict(data.get("responses", {}))
     return {}
+
+
+def _responses(language: str) -> dict[str, dict[str, str]]:
+    """Home Assistant's response templates for each intent in a language."""
+    return dict(_all_responses(language).get("intents", {}))
+
+
+def no_words(reply: str) -> bool:
+    """Whether a reply holds nothing a person could use ("NULL", "none", nothing)."""
+    return reply.strip().strip(".!\"'`").casefold() in NO_WORDS
+
+
+async def failure_speech(hass: HomeAssistant, language: str) -> str | None:
+    """Home Assistant's own message for a failed request, in the language (None if none)."""
+    responses = await hass.async_add_executor_job(_all_responses, language)
+    text = (responses.get("errors") or {}).get("handle_error")
+    return str(text) if text else None
 
 
 async def done_speech(

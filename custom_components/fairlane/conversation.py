@@ -11,6 +11,7 @@ from homeassistant.const import CONF_LLM_HASS_API, MATCH_ALL
 from homeassistant.core import HomeAssistant
 from homeassistant.helpers.entity_platform import AddConfigEntryEntitiesCallback
 
+from .answers import failure_speech, no_words
 from .const import CLASS_AUTO, CONF_CHAT_CLASS, CONF_PROMPT, DOMAIN, SUBENTRY_CONVERSATION
 from .coordinator import FairlaneConfigEntry
 from .entity import FairlaneLLMEntity
@@ -79,7 +80,13 @@ class FairlaneConversationEntity(
             user=user_input.context.user_id or user_input.satellite_id or user_input.device_id,
             language=user_input.language,
         )
-        return conversation.async_get_result_from_chat_log(user_input, chat_log)
+        result = conversation.async_get_result_from_chat_log(user_input, chat_log)
+        speech = result.response.speech.get("plain", {}).get("speech", "")
+        if no_words(str(speech)) and (
+            failed := await failure_speech(self.hass, user_input.language)
+        ):
+            result.response.async_set_speech(failed)
+        return result
 
 
 def turn_class(user_input: conversation.ConversationInput, configured: str) -> str:
