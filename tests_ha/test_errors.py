@@ -25,7 +25,7 @@ from custom_components.fairlane.client import (
     FairlaneRequestError,
 )
 from custom_components.fairlane.const import DOMAIN, EVENT_SUMMARY_DONE
-from custom_components.fairlane.entity import _tool_input, _trim_history
+from custom_components.fairlane.entity import IntentSlots, _tool_input, _trim_history
 from tests_ha.conftest import RunningServer, fairlane_entry, voice_metadata
 
 AGENT = "conversation.fairlane"
@@ -178,7 +178,7 @@ def test_history_keeps_the_system_prompt_and_the_last_turns() -> None:
 
 async def test_tool_arguments_that_are_not_json_become_empty(hass: HomeAssistant) -> None:
     call = _tool_input(hass, {"id": "", "name": "HassTurnOn", "args": "{name: kitchen"},
-                       frozenset({"name", "area"}))
+                       IntentSlots(frozenset({"name", "area"})))
     assert call.tool_name == "HassTurnOn" and call.tool_args == {} and call.id
 
 
@@ -187,7 +187,7 @@ async def test_only_intent_tools_get_their_targets_repaired(hass: HomeAssistant)
     item = {"item": "None", "name": "Shopping list", "area": "Garage"}
     args = '{"item": "None", "name": "Shopping list", "area": "Garage"}'
     intent_call = _tool_input(hass, {"id": "1", "name": "HassShoppingListAddItem",
-                                     "args": args}, frozenset({"item", "name"}))
+                                     "args": args}, IntentSlots(frozenset({"item", "name"})))
     assert intent_call.tool_args == {"item": "None", "name": "Shopping list"}  # no Garage here
     script_call = _tool_input(hass, {"id": "2", "name": "script_notify", "args": args}, None)
     assert script_call.tool_args == item

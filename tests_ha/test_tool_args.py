@@ -71,3 +71,20 @@ async def test_a_call_that_targets_nothing_gets_what_the_person_named(
     # An intent without targeting slots (a timer's, a list's) gets none.
     assert repair_args(hass, {"minutes": 5}, "Kitchen light timer for 5 minutes",
                        frozenset({"name", "minutes"})) == {"minutes": 5}
+
+
+async def test_a_place_without_a_domain_gets_the_domains_the_intent_acts_on(
+    hass: HomeAssistant,
+) -> None:
+    """"Set the living room curtains to 50%" came back as an area alone, and Home Assistant
+    tried the area's sensors too."""
+    slots = frozenset({"name", "area", "floor", "domain", "position"})
+    ar.async_get(hass).async_create("Living room")
+    said = "Set the living room curtains to 50%"
+    assert repair_args(hass, {"area": "Living room", "position": 50}, said, slots,
+                       frozenset({"cover", "valve"})) == {
+        "area": "Living room", "position": 50, "domain": ["cover", "valve"]}
+    # A domain the model gave, a named entity, or an intent for every domain: left as they are.
+    assert repair_args(hass, {"area": "Living room", "domain": ["cover"]}, said, slots,
+                       frozenset({"cover", "valve"}))["domain"] == ["cover"]
+    assert "domain" not in repair_args(hass, {"area": "Living room"}, said, slots, None)

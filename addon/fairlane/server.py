@@ -51,7 +51,13 @@ from fairlane.api.documents import (
     stop_workers,
 )
 from fairlane.api.embeddings import embeddings
-from fairlane.api.model_pulls import cancel_pull, get_pull, list_pulls, start_pull
+from fairlane.api.model_pulls import (
+    cancel_pull,
+    get_pull,
+    list_catalogue,
+    list_pulls,
+    start_pull,
+)
 from fairlane.api.openapi import document, operation, operation_of
 from fairlane.api.remote import api_error
 from fairlane.api.speech import transcriptions
@@ -310,6 +316,7 @@ ROUTES = [
     web.get("/", dashboard),
     web.get("/dashboard", dashboard),
     web.get("/v1/models", list_models),
+    web.get("/v1/models/catalogue", list_catalogue),
     web.post("/v1/models/pull", start_pull),
     web.get("/v1/models/pull", list_pulls),
     web.get("/v1/models/pull/{id}", get_pull),

@@ -242,6 +242,19 @@ class FairlaneClient:
     async def summary(self, summary_id: str) -> dict[str, Any]:
         return await self._json("GET", f"/v1/summaries/{summary_id}")
 
+    # --- models -----------------------------------------------------------------------------
+
+    async def catalogue(self) -> list[dict[str, Any]]:
+        """The server's model catalogue: each with `here` (pulled) and `fits` (this machine)."""
+        return _list_of_dicts(await self._json("GET", "/v1/models/catalogue"), "models")
+
+    async def pull(self, model: str) -> dict[str, Any]:
+        """Start (or join) the server's pull of a model: the job."""
+        return await self._json("POST", "/v1/models/pull", json={"model": model})
+
+    async def pull_status(self, job_id: str) -> dict[str, Any]:
+        return await self._json("GET", f"/v1/models/pull/{job_id}")
+
     # --- the one place HTTP turns into exceptions ------------------------------------------
 
     async def _json(

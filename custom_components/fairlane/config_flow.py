@@ -9,6 +9,7 @@ an entry at another server, and the add-on's discovery only ever updates the add
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -74,6 +75,8 @@ from .coordinator import FairlaneConfigEntry
 from .schema import vol
 
 _LOGGER = logging.getLogger(__name__)
+CONF_PULL_MODEL = "pull_model"  # a reconfigure field, not kept: the model to pull
+PULL_POLL_S = 1.0
 
 TOKEN_SELECTOR = TextSelector(TextSelectorConfig(type=TextSelectorType.PASSWORD))
 
@@ -371,9 +374,91 @@ class _FairlaneSubentryFlow(ConfigSubentryFlow):
 
 
 class ConversationFlow(_FairlaneSubentryFlow):
-    """A conversation agent: its prompt, the LLM APIs it may use, history, reply, lane."""
+    """A conversation agent: its prompt, the LLM APIs it may use, history, reply, lane; and,
+    when reconfigured, a model of the server's catalogue to pull onto it, with the pull's
+    progress shown (the server pulls; the flow only watches)."""
 
     default_title = DEFAULT_CONVERSATION_NAME
+    _choices: list[SelectOptionDict] | None = None
+    _model: str = ""
+    _kept: dict[str, Any] | None = None  # the settings given with the model, saved after
+    _pull: asyncio.Task[None] | None = None
+    _pull_error: str = ""
+
+    async def async_step_reconfigure(
+        self, user_input: dict[str, Any] | None = None
+    ) -> SubentryFlowResult:
+        if user_input is not None and (model := user_input.pop(CONF_PULL_MODEL, None)):
+            self._model, self._kept = str(model), user_input
+            return await self.async_step_pull()
+        if user_input is None:
+            self._choices = await self._pull_choices()
+        return await super().async_step_reconfigure(user_input)
+
+    async def async_step_pull(self, user_input: dict[str, Any] | None = None) -> SubentryFlowResult:
+        if self._pull is None:
+            self._pull = self.hass.async_create_task(self._pulling(self._model))
+        if not self._pull.done():
+            return self.async_show_progress(
+                step_id="pull", progress_action="pull", progress_task=self._pull,
+                description_placeholders={"model": self._model},
+            )
+        if (err := self._pull.exception()) is not None:
+            self._pull_error = str(err)
+            return self.async_show_progress_done(next_step_id="pull_failed")
+        return self.async_show_progress_done(next_step_id="pull_done")
+
+    async def async_step_pull_done(
+        self, user_input: dict[str, Any] | None = None
+    ) -> SubentryFlowResult:
+        if user_input is not None:
+            return self.async_update_and_abort(
+                self._get_entry(), self._get_reconfigure_subentry(),
+                data=self._clean(self._kept or {}),
+            )
+        return self.async_show_form(
+            step_id="pull_done", description_placeholders={"model": self._model}
+        )
+
+    async def async_step_pull_failed(
+        self, user_input: dict[str, Any] | None = None
+    ) -> SubentryFlowResult:
+        return self.async_abort(
+            reason="pull_failed", description_placeholders={"error": self._pull_error}
+        )
+
+    async def _pulling(self, model: str) -> None:
+        """Start the server's pull and follow it to its end, the flow's bar with it."""
+        client = self._get_entry().runtime_data.client
+        job = await client.pull(model)
+        while job.get("state") == "pulling":
+            if total := job.get("bytes_total"):
+                self.async_update_progress(min(1.0, float(job.get("bytes_done", 0)) / total))
+            await asyncio.sleep(PULL_POLL_S)
+            job = await client.pull_status(str(job["id"]))
+        if job.get("state") != "done":
+            raise FairlaneError(str(job.get("error") or f"the pull was {job.get('state')}"))
+
+    async def _pull_choices(self) -> list[SelectOptionDict]:
+        """The catalogue's conversation models not on the server, those that fit first."""
+        entry: FairlaneConfigEntry = self._get_entry()
+        if entry.state is not ConfigEntryState.LOADED:
+            return []
+        try:
+            models = await entry.runtime_data.client.catalogue()
+        except FairlaneError as err:
+            _LOGGER.debug("No catalogue from the server: %s", err)
+            return []
+        offered = [m for m in models if m.get("role") == "conversation" and not m.get("here")]
+        offered.sort(key=lambda m: not m.get("fits"))
+        return [
+            SelectOptionDict(
+                value=str(m["id"]),
+                label=f"{m['id']} ({float(m.get('size_mb') or 0) / 1000:.1f} GB"
+                + ("" if m.get("fits") else ", larger than this server's machine") + ")",
+            )
+            for m in offered
+        ]
 
     def _fields(self) -> dict[vol.Marker, Any]:
         apis = [
@@ -389,6 +474,13 @@ class ConversationFlow(_FairlaneSubentryFlow):
             ),
             **_reply_fields(),
             vol.Optional(CONF_CHAT_CLASS, default=CLASS_AUTO): _lane_selector(),
+            **(
+                {vol.Optional(CONF_PULL_MODEL): SelectSelector(
+                    SelectSelectorConfig(options=self._choices, mode=SelectSelectorMode.DROPDOWN)
+                )}
+                if self._choices
+                else {}
+            ),
         }
 
     def _clean(self, user_input: dict[str, Any]) -> dict[str, Any]:

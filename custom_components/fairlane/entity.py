@@ -7,6 +7,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from homeassistant.components import conversation
@@ -145,15 +146,19 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
         """Run the model over the chat log, calling Assist tools until it answers (bounded)."""
         options = self.subentry.data
         tools: list[dict[str, Any]] | None = None
-        intent_tools: dict[str, frozenset[str]] = {}  # an intent's tool name: its slots
+        intent_tools: dict[str, IntentSlots] = {}  # an intent's tool name: its slots
         if chat_log.llm_api:
             words = home_words(self.hass)
             tools = [
                 _format_tool(tool, chat_log.llm_api.custom_serializer, words)
                 for tool in chat_log.llm_api.tools
             ]
+            handlers = {h.intent_type: h.platforms for h in intent.async_get(self.hass)}
             intent_tools = {
-                t["function"]["name"]: frozenset(t["function"]["parameters"].get("properties", {}))
+                t["function"]["name"]: IntentSlots(
+                    frozenset(t["function"]["parameters"].get("properties", {})),
+                    frozenset(handlers.get(_unwrapped(tool).name) or ()) or None,
+                )
                 for tool, t in zip(chat_log.llm_api.tools, tools, strict=True)
                 if _is_intent(tool)
             }
@@ -474,7 +479,7 @@ def _trim_history(messages: list[dict[str, Any]], max_turns: int) -> list[dict[s
 async def _deltas(
     hass: HomeAssistant,
     chunks: AsyncIterator[dict[str, Any]],
-    intent_tools: dict[str, frozenset[str]],
+    intent_tools: dict[str, IntentSlots],
     made: set[str],
     repeated: list[str],
     written: dict[str, str] | None = None,
@@ -542,10 +547,18 @@ def _said(chat_log: conversation.ChatLog) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class IntentSlots:
+    """What an Assist intent's tool takes: its slots, and the domains its handler acts on."""
+
+    slots: frozenset[str]
+    platforms: frozenset[str] | None = None
+
+
 def _tool_input(
     hass: HomeAssistant,
     call: dict[str, str],
-    intent: frozenset[str] | None,
+    intent: IntentSlots | None,
     said: str | None = None,
 ) -> llm.ToolInput:
     """A complete tool call; an Assist intent's arguments repaired (see `tool_args`)."""
@@ -553,8 +566,8 @@ def _tool_input(
     if not args and (call["args"] or "{}").strip() != "{}":
         _LOGGER.warning("Tool call %s with arguments that are not an object: %s",
                         call["name"], call)
-    if intent is not None:  # an Assist intent, with these slots
-        args = repair_args(hass, args, said, intent)
+    if intent is not None:  # an Assist intent
+        args = repair_args(hass, args, said, intent.slots, intent.platforms)
     if call["id"]:
         return llm.ToolInput(tool_name=call["name"], tool_args=args, id=call["id"])
     return llm.ToolInput(tool_name=call["name"], tool_args=args)

@@ -15,7 +15,11 @@ they did: "turn on the Backyard light" came back as `{"name": "Bedroom 4 Light",
 said goes; "dining room light off" as `{"name": "Dining Room Light", "area": "Kitchen"}`, and
 the area goes. Where both or neither were said, the name stands. A call that targets nothing
 ("set the smart curtain to 50%" came back as `{"position": 50}`, which Home Assistant refuses:
-it cannot target all devices) gets the entity, or else the area, the person named.
+it cannot target all devices) gets the entity, or else the area, the person named. A call
+that targets a place but no entity and no domain gets the domains the intent acts on (its
+handler's `platforms`, where it declares them): "set the living room curtains to 50%" came
+back as `{"area": "Living Room", "position": 50}`, and Home Assistant tried the area's
+sensors too and failed.
 
 Only Assist's intent tools get this, and only their targeting slots: a script's fields, a
 shopping list item called "None" and other APIs' tools are passed on as the model wrote them.
@@ -44,10 +48,12 @@ def repair_args(
     args: dict[str, Any],
     said: str | None = None,
     slots: frozenset[str] = frozenset(),
+    platforms: frozenset[str] | None = None,
 ) -> dict[str, Any]:
     """An intent's `args` without empty target slots and, when an entity is named, without
     target filters that cannot match; `said`: the person's words this turn, `slots`: the
-    intent's own (a target is only added where it has `name` and `area`)."""
+    intent's own (a target is only added where it has `name` and `area`), `platforms`: the
+    domains its handler acts on, where it declares them."""
     args = {k: v for k, v in args.items() if k not in TARGET_SLOTS or not _empty(v)}
     if said is not None and {"name", "area"} <= slots and not (
         {"name", "area", "floor"} & args.keys()
@@ -57,6 +63,14 @@ def repair_args(
         places = [args.get(slot) for slot in ("area", "floor")]
         if any(isinstance(place, str) and _in(place, said) for place in places):
             del args["name"]  # a guess beside a place they named: the place is the target
+    if (
+        platforms
+        and "domain" in slots
+        and "name" not in args
+        and not args.get("domain")
+        and {"area", "floor"} & args.keys()
+    ):
+        args["domain"] = sorted(platforms)
     if "name" not in args:
         return args
     if isinstance(args.get("area"), str) and not _area_exists(hass, args["area"]):

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from fairlane.api.common import ApiError, Services, read_json, services_of
 from fairlane.api.openapi import operation
+from fairlane.engines import catalogue, pull
 from fairlane.engines.models import ModelError
 from fairlane.runtime.pulls import BackgroundPull, PullJobs
 
@@ -31,6 +32,28 @@ async def start_pull(request: web.Request) -> web.Response:
     except ModelError as err:
         raise ApiError(400, str(err), param="model") from err
     return web.json_response(job.as_dict(), status=202)
+
+
+@operation("The catalogue's models, each with whether it is here and fits this machine",
+           errors=(401,))
+async def list_catalogue(request: web.Request) -> web.Response:
+    svc = services_of(request)
+    gpu_gb = None  # the server sees no GPU's memory here; a CPU tier unless configured
+    tier = catalogue.this_machine(gpu_gb)
+    fits = {e.name for role in catalogue.ROLES for e in catalogue.recommended(role, tier)}
+    here = {name for name, _ in await asyncio.to_thread(pull.pulled)}
+    data = []
+    for entry in catalogue.load():
+        pulled = entry.packaged or (
+            entry.repo is not None and f"{entry.repo}/{entry.file}" in here)
+        data.append({
+            "id": entry.name, "object": "model.catalogue", "role": entry.role,
+            "tiers": list(entry.tiers), "size_mb": entry.size_mb, "licence": entry.licence,
+            "context": entry.context, "tool_calls": entry.tool_calls, "assist": entry.assist,
+            "why": entry.why, "here": pulled, "fits": entry.name in fits,
+            "serving": entry.name == svc.model_name,
+        })
+    return web.json_response({"object": "list", "tier": tier, "data": data})
 
 
 @operation("The pull jobs", errors=(401,))
