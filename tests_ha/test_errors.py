@@ -25,7 +25,12 @@ from custom_components.fairlane.client import (
     FairlaneRequestError,
 )
 from custom_components.fairlane.const import DOMAIN, EVENT_SUMMARY_DONE
-from custom_components.fairlane.entity import IntentSlots, _tool_input, _trim_history
+from custom_components.fairlane.entity import (
+    IntentSlots,
+    _describes_a_tool,
+    _tool_input,
+    _trim_history,
+)
 from tests_ha.conftest import RunningServer, fairlane_entry, voice_metadata
 
 AGENT = "conversation.fairlane"
@@ -192,3 +197,19 @@ async def test_only_intent_tools_get_their_targets_repaired(hass: HomeAssistant)
     script_call = _tool_input(hass, {"id": "2", "name": "script_notify", "args": args}, None)
     assert script_call.tool_args == item
 
+
+
+async def test_a_reply_that_describes_a_tool_is_told_apart_from_an_answer(
+    hass: HomeAssistant,
+) -> None:
+    """"To add history homework to your tasks, you can use the `HassListAddItem` function…":
+    the next round must call a tool."""
+    chat_log = conversation.ChatLog(hass, "test")
+    tools = {"HassListAddItem": None, "intent__HassTurnOn": None}
+    for text, describes in [
+        ("You can use the `HassListAddItem` function to add it.", True),
+        ("Call HassTurnOn with the name of the light.", True),
+        ("Paris is the capital of France.", False),
+    ]:
+        chat_log.content.append(conversation.AssistantContent(agent_id="a", content=text))
+        assert _describes_a_tool(chat_log, tools) is describes

@@ -189,6 +189,7 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
 
         made: set[str] = set()  # this turn's tool calls, by name and arguments
         answer = False  # the model must answer in words now
+        call_now = False  # the model must call a tool now (it described one instead)
         for round_ in range(MAX_TOOL_ITERATIONS):
             messages = stable_first(
                 _trim_history(
@@ -212,6 +213,9 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
                     request["tool_choice"] = "none"
                     # In words: the default model echoes a tool's result as JSON otherwise.
                     request["fairlane_words"] = True
+                elif call_now:
+                    request["tool_choice"] = "required"
+                    call_now = False
             guess = self.entry.runtime_data.guess
             if guess is not None and round_ == 0 and len(messages) == 2 and not attached and \
                     isinstance(last, conversation.UserContent):
@@ -246,6 +250,12 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
                 answer = True
                 continue
             if not chat_log.unresponded_tool_results:
+                if round_ == 0 and tools and _describes_a_tool(chat_log, intent_tools):
+                    # Asked to act, the small model sometimes writes how one would call the
+                    # tool ("you can use the `HassListAddItem` function…") instead of calling
+                    # it: the next round must call one.
+                    call_now = True
+                    continue
                 return
             if done := _actions_done(chat_log):
                 # Home Assistant says each action this round asked for is done: its own
@@ -260,6 +270,14 @@ class FairlaneLLMEntity(FairlaneSubentryEntity):
                     )
                     return
                 answer = True
+
+
+def _describes_a_tool(chat_log: conversation.ChatLog, intent_tools: dict[str, Any]) -> bool:
+    """Whether the model's last reply, in words, names one of Assist's intent tools."""
+    last = chat_log.content[-1]
+    if not isinstance(last, conversation.AssistantContent) or not last.content:
+        return False
+    return any(name.rpartition("__")[2] in last.content for name in intent_tools)
 
 
 def _actions_done(
