@@ -172,7 +172,8 @@ def _collect(python: Path, run_dir: Path, agent: str, dataset: Path, out: Path,
              categories: str | None, turn_timeout_s: float) -> None:
     env = {**os.environ, "PYTHONPATH": str(run_dir.resolve()),
            "FAIRLANE_ASSIST_TIMEOUT": str(turn_timeout_s),
-           "FAIRLANE_ASSIST_TIMES": str((out / "times.jsonl").resolve())}
+           "FAIRLANE_ASSIST_TIMES": str((out / "times.jsonl").resolve()),
+           "FAIRLANE_ASSIST_LOCAL_FIRST": "1" if agent.endswith("+local") else "0"}
     argv = [str(python.absolute()), "-m", "pytest", "-q", "-p", "fairlane_assist",
             str(_harness_dir(python, "collect")), f"--models={agent}",
             f"--dataset={dataset.resolve()}", f"--model_output_dir={(out / 'outputs').resolve()}",

@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 import pytest
-from home_assistant_datasets.agent import ConversationAgent, create_default_agent, retryable
+from home_assistant_datasets.agent import ConversationAgent, retryable
 from homeassistant.components import conversation
 from homeassistant.core import Context, HomeAssistant
 from homeassistant.helpers import chat_session
@@ -68,12 +68,22 @@ def _pipeline_filter() -> Any:
     return _async_local_fallback_intent_filter
 
 
-@pytest.fixture(name="rate_limited_agent", scope="module")
-def local_first_agent(conversation_agent_id: str, model_config: Any) -> ConversationAgent:
-    agent = create_default_agent(conversation_agent_id, model_config.rpm)
-    if model_config.model_id.endswith("+local"):
-        return LocalFirst(agent, conversation_agent_id)
-    return agent
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Wrap the harness's agent factory: local-first where the bench asks for it
+    (FAIRLANE_ASSIST_LOCAL_FIRST). The harness's own plugin defines its agent fixture after
+    this plugin loads, so the factory it calls is wrapped, not the fixture overridden; and only
+    now, once Home Assistant's test plugin has started, may the harness's plugin be imported."""
+    from home_assistant_datasets.plugins import pytest_agent
+
+    create = pytest_agent.create_default_agent
+
+    def agent(conversation_agent_id: str, rpm: int | None = None) -> ConversationAgent:
+        made = create(conversation_agent_id, rpm)
+        if os.environ.get("FAIRLANE_ASSIST_LOCAL_FIRST") == "1":
+            return LocalFirst(made, conversation_agent_id)
+        return made
+
+    pytest_agent.create_default_agent = agent
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
