@@ -24,7 +24,7 @@ REPO, FILE = "Qwen/Qwen2.5-1.5B-Instruct-GGUF", "qwen2.5-1.5b-instruct-q4_k_m.gg
 
 
 @pytest.fixture
-def hub(tmp_path: Path) -> Iterator[Hub]:
+def hub(tmp_path: Path, socket_enabled: None) -> Iterator[Hub]:
     served = tmp_path / "served.gguf"
     served.write_bytes(os.urandom(12 * 1024 * 1024))
     with Hub() as running:

@@ -576,7 +576,7 @@ class IntentSlots:
 def _tool_input(
     hass: HomeAssistant,
     call: dict[str, str],
-    intent: IntentSlots | None,
+    takes: IntentSlots | None,
     said: str | None = None,
 ) -> llm.ToolInput:
     """A complete tool call; an Assist intent's arguments repaired (see `tool_args`)."""
@@ -584,8 +584,8 @@ def _tool_input(
     if not args and (call["args"] or "{}").strip() != "{}":
         _LOGGER.warning("Tool call %s with arguments that are not an object: %s",
                         call["name"], call)
-    if intent is not None:  # an Assist intent
-        args = repair_args(hass, args, said, intent.slots, intent.platforms)
+    if takes is not None:  # an Assist intent
+        args = repair_args(hass, args, said, takes.slots, takes.platforms)
     if call["id"]:
         return llm.ToolInput(tool_name=call["name"], tool_args=args, id=call["id"])
     return llm.ToolInput(tool_name=call["name"], tool_args=args)
