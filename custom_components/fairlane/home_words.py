@@ -29,6 +29,8 @@ from homeassistant.helpers import area_registry as ar
 from homeassistant.helpers import entity_registry as er
 from homeassistant.helpers import floor_registry as fr
 
+from .tool_args import aliases_of
+
 MAX_WORDS = 300  # names, areas or floors an enum may list
 TODO = "todo"
 
@@ -58,7 +60,7 @@ def home_words(hass: HomeAssistant) -> HomeWords:
         if not async_should_expose(hass, conversation.DOMAIN, state.entity_id):
             continue
         entry = entities.async_get(state.entity_id)
-        called = [state.name, *(entry.aliases if entry is not None else ())]
+        called = [state.name, *aliases_of(entry)]
         names.update(dict.fromkeys(called))
         if state.domain == TODO:
             lists.update(dict.fromkeys(called))
@@ -68,10 +70,10 @@ def home_words(hass: HomeAssistant) -> HomeWords:
             acting_domains[state.domain] = None
     areas: dict[str, None] = {}
     for area in ar.async_get(hass).async_list_areas():
-        areas.update(dict.fromkeys([area.name, *sorted(area.aliases)]))
+        areas.update(dict.fromkeys([area.name, *aliases_of(area)]))
     floors: dict[str, None] = {}
     for floor in fr.async_get(hass).async_list_floors():
-        floors.update(dict.fromkeys([floor.name, *sorted(floor.aliases)]))
+        floors.update(dict.fromkeys([floor.name, *aliases_of(floor)]))
     return HomeWords(
         tuple(n for n in names if n), tuple(areas), tuple(floors), tuple(domains),
         tuple(lists), tuple(n for n in acting_names if n), tuple(acting_domains),

@@ -110,7 +110,7 @@ def _named(hass: HomeAssistant, name: str) -> list[_Where]:
     found = []
     for state in hass.states.async_all():
         entry = entities.async_get(state.entity_id)
-        called = [state.name, *(entry.aliases if entry is not None else ())]
+        called = [state.name, *aliases_of(entry)]
         if not _called(name, called) or not async_should_expose(
             hass, conversation.DOMAIN, state.entity_id
         ):
@@ -123,8 +123,8 @@ def _named(hass: HomeAssistant, name: str) -> list[_Where]:
         floor = floors.async_get_floor(area.floor_id) if area and area.floor_id else None
         found.append(_Where(
             state.domain,
-            [area.name, *area.aliases] if area else [],
-            [floor.name, *floor.aliases] if floor else [],
+            [area.name, *aliases_of(area)] if area else [],
+            [floor.name, *aliases_of(floor)] if floor else [],
         ))
     return found
 
@@ -137,10 +137,10 @@ def _target_in(hass: HomeAssistant, said: str) -> dict[str, str]:
     for state in hass.states.async_all():
         if async_should_expose(hass, conversation.DOMAIN, state.entity_id):
             entry = entities.async_get(state.entity_id)
-            names += [state.name, *(entry.aliases if entry is not None else ())]
+            names += [state.name, *aliases_of(entry)]
     if found := _longest_in(names, said):
         return {"name": found}
-    areas = [n for a in ar.async_get(hass).async_list_areas() for n in (a.name, *a.aliases)]
+    areas = [n for a in ar.async_get(hass).async_list_areas() for n in (a.name, *aliases_of(a))]
     if found := _longest_in(areas, said):
         return {"area": found}
     return {}
@@ -149,6 +149,12 @@ def _target_in(hass: HomeAssistant, said: str) -> dict[str, str]:
 def _longest_in(names: list[str], said: str) -> str | None:
     inside = [name for name in names if name.strip() and _in(name, said)]
     return max(inside, key=len) if inside else None
+
+
+def aliases_of(entry: Any) -> list[str]:
+    """A registry entry's aliases that are words: since 2026.11 an entity's may also hold a
+    marker standing for its own name (which is counted already)."""
+    return sorted(a for a in getattr(entry, "aliases", None) or () if isinstance(a, str))
 
 
 def _in(value: str, words: str) -> bool:
