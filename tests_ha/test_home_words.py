@@ -92,6 +92,8 @@ async def test_the_agent_samples_its_calls_under_the_home_s_names(
     )
     await hass.async_block_till_done()
     assert hass.states.get("light.kitchen_light").state == "on"  # type: ignore[union-attr]
-    tools: dict[str, Any] = {t["function"]["name"]: t["function"] for t in sent[0]["tools"]}
+    # `intent__HassTurnOn` since 2026.11 (Assist's tools are namespaced there)
+    tools: dict[str, Any] = {t["function"]["name"].rpartition("__")[2]: t["function"]
+                             for t in sent[0]["tools"]}
     name = tools["HassTurnOn"]["parameters"]["properties"]["name"]
     assert name["enum"] == ["Kitchen light"]
