@@ -114,11 +114,6 @@ def schema_grammar(schema: dict[str, Any]) -> str:
     return astral_escapes(grammar)
 
 
-def check_schema(schema: Any) -> None:
-    """ApiError (400) for a schema over a bound; it names the bound."""
-    plain_schema(schema)
-
-
 def plain_schema(schema: Any) -> dict[str, Any]:
     """The schema with its boolean sub-schemas spelt as objects, checked against every bound;
     ApiError (400) for one over a bound (it names the bound) or a keyword of the wrong type."""

@@ -68,7 +68,8 @@ def _part_path(module: str, relative: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / relative
 
 
-def _digest(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read a MiB at a time."""
     sha = hashlib.sha256()
     with path.open("rb") as handle:
         while block := handle.read(1 << 20):
@@ -97,14 +98,14 @@ def _join_verified(
         if marker.read_text().strip() == stamp:
             return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    if not target.exists() or _digest(target) != sha256:
+    if not target.exists() or file_sha256(target) != sha256:
         partial = target.with_suffix(".partial")
         with partial.open("wb") as out:
             for module, relative in parts:
                 with _part_path(module, relative).open("rb") as part:
                     while block := part.read(1 << 20):
                         out.write(block)
-        digest = _digest(partial)
+        digest = file_sha256(partial)
         if digest != sha256:
             partial.unlink()
             raise ModelError(
@@ -242,7 +243,7 @@ def _verify_once(name: str, path: Path, sha256: str) -> None:
     stamp = f"{sha256} {path} {stat.st_size} {int(stat.st_mtime)}"
     if marker.exists() and marker.read_text().strip() == stamp:
         return
-    digest = _digest(path)
+    digest = file_sha256(path)
     if digest != sha256:
         raise ModelError(
             f"{name}: {path} has sha256 {digest}, expected {sha256}; reinstall the pinned package"

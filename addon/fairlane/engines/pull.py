@@ -19,7 +19,6 @@ The hub is `HF_ENDPOINT` (or huggingface.co); the tests use a local stand-in.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import shutil
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fairlane.engines.catalogue import HubFile, memory_gb
-from fairlane.engines.models import ModelError, cache_dir
+from fairlane.engines.models import ModelError, cache_dir, file_sha256
 
 OVERHEAD_GB = 0.5  # the context and the runtime beside a model's weights, roughly
 FREE_DISK_MARGIN = 1.05  # a pull leaves this much more than the file free on its disk
@@ -91,7 +90,7 @@ def pull(
                        endpoint=endpoint)
         )
         sha256 = _sha256_of(meta.etag)
-        if target.exists() and (sha256 is None or _digest(target) == sha256):
+        if target.exists() and (sha256 is None or file_sha256(target) == sha256):
             return target
         size = int(meta.size or 0)
         staging = target.parent / ".pull"
@@ -106,7 +105,7 @@ def pull(
             partial.seek(done)
             http_get(meta.location, partial, resume_size=done, headers=build_hf_headers(),
                      expected_size=size or None, tqdm_class=_reporter(state, progress))
-        if sha256 is not None and _digest(path) != sha256:
+        if sha256 is not None and file_sha256(path) != sha256:
             path.unlink()
             raise PullError(
                 f"{hub_file.label}: the file's sha256 is not the hub's ({sha256[:12]}…); it "
@@ -183,14 +182,6 @@ def _sha256_of(etag: str | None) -> str | None:
     if etag and len(etag) == 64 and all(c in "0123456789abcdef" for c in etag.lower()):
         return etag.lower()
     return None
-
-
-def _digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with path.open("rb") as source:
-        while chunk := source.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
 
 
 @contextmanager
