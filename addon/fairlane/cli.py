@@ -67,6 +67,12 @@ def _simulate(args: argparse.Namespace) -> int:
         "times in ms"
     )
     print(format_table(reports))
+    if args.per_member:
+        from fairlane.sim.clients import format_fairness, per_member
+
+        for name, result, report in zip(policies, results, reports, strict=False):
+            report["members"] = per_member(scn, name, result, args.noise, args.seed)
+            print(format_fairness(name, report["members"]))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(
@@ -220,7 +226,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _bench_family(args: argparse.Namespace, threads: int) -> object:
     from fairlane.bench.family import family
-    from fairlane.bench.family_play import PHASES
+    from fairlane.bench.family_play import ALONE, PHASES
     from fairlane.bench.family_report import (
         format_background_steps,
         format_prediction,
@@ -229,6 +235,7 @@ def _bench_family(args: argparse.Namespace, threads: int) -> object:
     )
     from fairlane.bench.family_targets import TARGETS, target_parts
     from fairlane.sim import default_workload, scenario
+    from fairlane.sim.clients import members
 
     targets = [t for t in (args.targets or "fairlane,fcfs,separate").split(",") if t]
     phases = [p for p in args.phases.split(",") if p]
@@ -237,6 +244,8 @@ def _bench_family(args: argparse.Namespace, threads: int) -> object:
         raise ValueError(f"unknown target or phase {unknown}: targets {TARGETS}, phases {PHASES}")
     # The workload's SLOs as the simulator scales them for this device's profile.
     scn = scenario(args.workload or default_workload(), args.profile, duration_s=args.duration)
+    if args.per_member:
+        phases += [f"{ALONE}{member}" for member in members(scn.workload)]
     audio = Path(args.fixtures) if args.fixtures else None
     print(
         f"bench family: {scn.workload.name}, {scn.workload.duration_s:.0f} s a phase, "
@@ -371,6 +380,12 @@ def _serve(args: argparse.Namespace) -> int:
     return int(serve(args))
 
 
+PER_MEMBER = (
+    "each interactive member's service and TTFT beside the others against their own requests "
+    "alone (Jain's index within each class)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fairlane.policy import POLICIES
 
@@ -431,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead of one run: the most households the device serves with every interactive "
         "row within its SLO for this fraction of requests (e.g. 0.99), per policy",
     )
+    sim.add_argument("--per-member", action="store_true", help=PER_MEMBER)
     sim.add_argument("--json", help="write the report here")
     sim.add_argument("--plot", help="write a PNG of TTFT CDFs and device occupancy here")
     sim.set_defaults(func=_simulate)
@@ -601,6 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--texts", type=int, default=1024, help="embed: texts in the bulk job")
     bench.add_argument("--backend", default="onnx-int8", help="embed: the server's backend")
     bench.add_argument("--workload", help="family: workload YAML (default: the family evening)")
+    bench.add_argument("--per-member", action="store_true", help=f"family: {PER_MEMBER}")
     bench.add_argument(
         "--targets",
         help="family: servers, comma-separated (default fairlane,fcfs,separate; "

@@ -65,6 +65,7 @@ POLICY_SCHEMA = vol.Schema(
         vol.Optional("max_num_seqs"): _count(1),
         vol.Optional("min_prefill_chunk"): _count(1),
         vol.Optional("background_min_chunk"): _count(1),
+        vol.Optional("owed_chunk_worth"): vol.All(vol.Coerce(float), vol.Range(min=0.0, max=8.0)),
         vol.Optional("itl_headroom"): vol.All(vol.Coerce(float), vol.Range(min=0.1, max=1.0)),
         vol.Optional("voice_pace"): vol.All(vol.Coerce(float), vol.Range(min=1.0)),
         vol.Optional("kv_blocks"): _count(1),

@@ -399,6 +399,70 @@ def test_background_gets_its_minimum_share_under_constant_chatter() -> None:
     assert background_time / total_time >= 0.15
 
 
+def _owed_steps(worth: float, stop_after: int | None = None) -> tuple[list[LlmPlan], object]:
+    """A summary 1,500 tokens into its prompt on the 2-core CPU's profile, then four chat
+    streams whose ITL leaves background no slack: background is owed its share (rule 8)."""
+    slo = {VOICE: Slo(500, 80, 500), CHAT: Slo(1000, 12, 1000), BACKGROUND: Slo()}
+    config = replace(
+        PolicyConfig(), slo=slo, background_max_wait_s=1.0, owed_chunk_worth=worth
+    ).scaled(8)
+    policy = make_policy("fairlane", config, CostModel(load_profile("cpu-2core")[0]))
+    policy.add(llm("doc", BACKGROUND, client="docs", prompt=3000, max_tokens=4), 0.0)
+    now = 0.0
+    while policy.requests["doc"].computed_tokens < 1500:  # nobody talking: large steps
+        _, _, now = step(policy, now)
+    _chatter(policy, now, 4)
+    owed: list[LlmPlan] = []
+    end = now + 20.0  # the share window (10 s) forgets the steps before the chatter
+    while now < end:
+        plan, _, now = step(policy, now)
+        if isinstance(plan, LlmPlan) and "doc" in ids(plan):
+            owed.append(plan)
+            if len(owed) == stop_after:
+                break
+    policy.now = now  # type: ignore[attr-defined]
+    return owed, policy
+
+
+def test_an_owed_slice_spends_its_share_on_tokens_not_on_a_prompt_chunks_fixed_cost() -> None:
+    """Rule 8 where a prompt chunk's fixed cost (its kernels, its attention over 1,500
+    positions) fills the slice: the owed step grows until the chunk's tokens cost as much as
+    that fixed cost, so the same owed share prefills more of the summary; never past the
+    arrival wait."""
+    grown, policy = _owed_steps(1.0)
+    kept, _ = _owed_steps(0.0)  # the old rule: the owed step keeps to the slice
+    assert grown and kept
+    profile = load_profile("cpu-2core")[0].llm
+    fixed_ms = profile.prefill_base_ms + profile.context_token_us * 1500 / 1000  # 18 ms
+    # A token's own cost: its prefill, and its attention over the cells held (1,500 at least).
+    token_ms = profile.prefill_token_ms + profile.prefill_attention_ns * 1500 / 1e6
+    for plan in grown:
+        tokens = chunk_of(plan, "doc").num_tokens
+        assert tokens * token_ms >= fixed_ms  # the chunk's tokens cost at least its fixed cost
+        assert plan.predicted_s <= policy.config.arrival_wait_s  # type: ignore[attr-defined]
+    assert all(chunk_of(p, "doc").num_tokens == 1 for p in kept)
+    # The share is device time (split by tokens): fewer, fuller owed steps, more of the summary.
+    done = sum(chunk_of(p, "doc").num_tokens for p in grown)
+    assert done > 1.2 * sum(chunk_of(p, "doc").num_tokens for p in kept)
+
+
+@pytest.mark.parametrize("worth", [0.0, 1.0])
+def test_an_interactive_arrival_waits_for_one_owed_slice_at_most(worth: float) -> None:
+    """Rule 2 beside rule 8: when background falls below its share, owed slices came back
+    to back until the share was made up (with 1-token chunks, a dozen and more), and a spoken
+    command waited behind all of them. Now an interactive prompt waits for one owed step at
+    most, at whatever step boundary of the evening it arrives."""
+    for boundary in range(1, 40):
+        policy = _owed_steps(worth, stop_after=boundary)[1]
+        at = policy.now  # type: ignore[attr-defined]
+        policy.add(llm("v", VOICE, prompt=300, arrival=at), at)  # type: ignore[attr-defined]
+        first, _, now = step(policy, at)  # type: ignore[arg-type]
+        if "v" not in ids(first):
+            assert "doc" in ids(first)  # the one owed slice
+            second, _, _ = step(policy, now)  # type: ignore[arg-type]
+            assert "v" in ids(second)
+
+
 def test_background_fills_the_slack_before_the_next_decode_is_due() -> None:
     policy = make()  # chat ITL 100 ms (budget 80 ms); a decode iteration costs ~11 ms
     _chatter(policy, 0.0, 1)

@@ -4,6 +4,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fairlane.policy import Kind, Priority
 from fairlane.sim import default_workload
@@ -142,3 +143,74 @@ def test_households_are_separate_homes_on_one_device() -> None:
     served, tried = homes_served(default_workload(), "h200", budgets, most=2, duration_s=60)
     assert [t.homes for t in tried][:1] == [1] and 0 <= served <= 2
     assert all(0.0 <= t.worst_attainment <= 1.0 for t in tried)
+
+
+# --- workloads say what they mean (issue 45) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [((), "durations_s"), (("classes", "chat"), "per_minute"),
+     (("classes", "chat", "per_client", "teen"), "prompt_token"),
+     (("classes", "background", "summaries"), "inflight")],
+)
+def test_a_misspelt_key_is_refused_not_ignored(tmp_path, where: tuple[str, ...], key: str) -> None:
+    """A workload with a key Fairlane does not read is an error naming it: before, any key was
+    accepted silently, and a misspelt one meant a different evening than the one written."""
+    data = _household(
+        chat={"clients": ["teen"], "arrivals": {"poisson": {"per_min": 6}}, "prompt_tokens": 100,
+              "output_tokens": 10, "per_client": {"teen": {"prompt_tokens": 300}}},
+        background={"summaries": {"count": 1, "prompt_tokens": 500, "output_tokens": 20}},
+    )
+    node = data
+    for part in where:
+        node = node[part]
+    node[key] = 1
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match=f"extra keys not allowed.*{key}"):
+        load(path)
+
+
+def test_a_member_may_have_their_own_arrivals_or_keep_requests_in_flight() -> None:
+    """`per_client` sets a member's own arrivals (a rate, or `in_flight`: a closed loop), which
+    was parsed and ignored: everyone shared the class's arrivals."""
+    chat = {"clients": ["parent-a", "parent-b", "teen"], "arrivals": {"poisson": {"per_min": 6}},
+            "prompt_tokens": 100, "output_tokens": 10, "shared_prefix_tokens": 40,
+            "per_client": {"parent-a": {"arrivals": {"poisson": {"per_min": 30}}},
+                           "teen": {"in_flight": 4, "prompt_tokens": 1500}}}
+    workload = build(WORKLOAD_SCHEMA(_household(chat=chat)))
+    by_member = {c: [j for j in workload.jobs if j.client == c] for c in chat["clients"]}
+    assert 20 <= len(by_member["parent-a"]) <= 45  # ~30 a minute of their own, over 60 s
+    assert 1 <= len(by_member["parent-b"]) <= 15  # the class's 6 a minute, theirs alone now
+    assert by_member["teen"] == []  # no fixed arrivals: a loop
+    (loop,) = workload.loops
+    assert loop.in_flight == 4 and loop.until == 60
+    first = loop.units[0][0]
+    assert (first.client, first.priority, first.prompt_tokens, first.prefix_tokens) == (
+        "teen", Priority.CHAT, 1500, 40)
+    assert [j.at for j in workload.jobs] == sorted(j.at for j in workload.jobs)
+    both = {**chat, "per_client": {"teen": {"in_flight": 2, "arrivals": chat["arrivals"]}}}
+    with pytest.raises(Exception, match="not both"):
+        WORKLOAD_SCHEMA(_household(chat=both))
+
+
+def test_the_fairness_case_runs_in_the_simulator_member_by_member() -> None:
+    """The shipped fairness case (one member's long prompts four at a time beside two who chat)
+    reports each member beside the others against the same member alone."""
+    from fairlane.sim import scenario, simulate
+    from fairlane.sim.clients import alone, members, per_member
+
+    path = Path(default_workload()).parent / "fairness-cpu.yaml"
+    scn = scenario(path, "cpu-2core", duration_s=60)
+    assert members(scn.workload) == ["parent-a", "parent-b", "teen"]
+    teen = alone(scn.workload, "teen")
+    assert teen.jobs == () and [loop.in_flight for loop in teen.loops] == [4]
+    report = per_member(scn, "fairlane", simulate(scn, "fairlane"), noise=0.0, seed=0)
+    rows = report["members"]
+    assert set(rows) == {"parent-a", "parent-b", "teen"}
+    for row in rows.values():
+        # Beside the others no one gets more than alone, and everyone gets something.
+        assert 0 < row["service_kept"] <= 1.05
+        assert row["ttft_p50_ms"] >= row["alone_ttft_p50_ms"] * 0.95
+    assert 1 / 3 <= report["jain_within_class"]["chat"] <= 1.0

@@ -18,8 +18,10 @@ Targets, each started fresh for every round and measured the same way:
   classes; a spoken command's turn is one more request to llama-server.
 
 Each round plays three phases on one server start: the interactive work alone, the
-background work alone, and both together (the evening). Rounds alternate the targets
-(A B C A B C) and every round is printed; the ratios are the goals of DESIGN.md.
+background work alone, and both together (the evening); with `--per-member`, then each
+member's own requests alone (`alone:MEMBER`), for the fairness case (`fairlane.sim.clients`).
+Rounds alternate the targets (A B C A B C) and every round is printed; the ratios are the
+goals of DESIGN.md.
 
 The parts: `family_load` (prompts and recordings), `family_targets` (the servers),
 `family_play` (one phase in real time) and `family_report` (tables, ratios, plot).
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from fairlane.bench.family_load import Prompts, recordings
-from fairlane.bench.family_play import Played, Player
+from fairlane.bench.family_play import ALONE, Played, Player
 from fairlane.bench.family_report import (
     format_rows,
     ratios,
@@ -45,6 +47,8 @@ from fairlane.bench.family_targets import (
     start_target,
 )
 from fairlane.policy import Kind, Priority
+from fairlane.sim.clients import fairness as fairness_of
+from fairlane.sim.clients import format_fairness, rows
 from fairlane.sim.workload import Job, Workload
 
 
@@ -62,20 +66,45 @@ def family(
     audio = recordings(workload, audio_dir)
     prompts = Prompts(seed=0)
     reports: list[dict[str, Any]] = []
+    fairness: list[dict[str, Any]] = []
     for round_index in range(1, rounds + 1):
         for name in targets:
             target = start_target(name, threads)
+            records: dict[str, Played] = {}
             try:
                 warm_up(target, workload, prompts, audio)
                 for phase in phases:
                     played = Played(name, phase, round_index, workload.duration_s)
                     Player(target, workload, prompts, audio, played, give_up_s).play(phase)
-                    reports.append(summarize(played, workload.slo))
-                    progress(format_rows(reports[-1:]).splitlines()[-1])
+                    records[phase] = played
+                    if not phase.startswith(ALONE):
+                        reports.append(summarize(played, workload.slo))
+                        progress(format_rows(reports[-1:]).splitlines()[-1])
                     _settle()
             finally:
                 target.close()
-    return {"reports": reports, "ratios": ratios(reports)}
+            if together := _members(records, workload.duration_s):
+                fairness.append({"target": name, "round": round_index, **together})
+                progress(format_fairness(f"{name} round {round_index}", together))
+    result = {"reports": reports, "ratios": ratios(reports)}
+    if fairness:
+        result["members"] = fairness
+    return result
+
+
+def _members(played: dict[str, Played], duration_s: float) -> dict[str, Any] | None:
+    """The fairness case: each member in the mixed phase (or the interactive one) against
+    their `alone:` phase."""
+    alone = {p.removeprefix(ALONE): r for p, r in played.items() if p.startswith(ALONE)}
+    beside = played.get("mixed") or played.get("interactive")
+    if not alone or beside is None:
+        return None
+    by_itself = {}
+    for member, solo in alone.items():
+        found = rows(solo.records, duration_s)
+        if member in found:
+            by_itself[member] = found[member]
+    return fairness_of(rows(beside.records, duration_s), by_itself)
 
 
 def warm_up(

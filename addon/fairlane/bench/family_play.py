@@ -13,11 +13,12 @@ from fairlane.bench.family_load import Prompts
 from fairlane.bench.family_targets import (
     Target,
 )
-from fairlane.policy import Kind, Priority
+from fairlane.policy import Kind
 from fairlane.runtime.metrics import RequestRecord
 from fairlane.sim.workload import Job, Workload
 
 PHASES = ("interactive", "background", "mixed")
+ALONE = "alone:"
 
 
 
@@ -80,8 +81,8 @@ class Player:
         before = stats() if stats is not None else None
         self._t0 = time.monotonic()
         duration = self.workload.duration_s
-        jobs = [j for j in self.workload.jobs if _in_phase(j.priority, phase)]
-        loops = [lp for lp in self.workload.loops if _in_phase(lp.units[0][0].priority, phase)]
+        jobs = [j for j in self.workload.jobs if _in_phase(j, phase)]
+        loops = [lp for lp in self.workload.loops if _in_phase(lp.units[0][0], phase)]
         threads: list[threading.Thread] = []
         for loop in loops:
             units = iter(loop.units)
@@ -221,5 +222,8 @@ class Player:
                 self.played.embedded_tokens += record.prompt_tokens
 
 
-def _in_phase(priority: Priority, phase: str) -> bool:
-    return phase == "mixed" or (phase == "interactive") == priority.interactive
+def _in_phase(job: Job, phase: str) -> bool:
+    """`alone:MEMBER` plays one member's own requests (the fairness case's baseline)."""
+    if phase.startswith(ALONE):
+        return job.client == phase.removeprefix(ALONE)
+    return phase == "mixed" or (phase == "interactive") == job.priority.interactive

@@ -59,9 +59,15 @@ def _post_json(url: str, body: dict[str, Any], headers: dict[str, str] | None = 
 class FairlaneTarget:
     """`fairlane serve` with a policy; every request says its class and member."""
 
-    def __init__(self, policy: str, threads: int, extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        policy: str,
+        threads: int,
+        extra: dict[str, Any] | None = None,
+        checkout: Path | None = None,
+    ) -> None:
         self.name = policy
-        self.server = fairlane_server(policy, threads, 8, extra)
+        self.server = fairlane_server(policy, threads, 8, extra, checkout)
 
     def transcribe(self, audio: bytes, client: str) -> str:
         fields = {"language": "en", "user": client, "fairlane_class": "voice"}
@@ -236,7 +242,9 @@ async def _wyoming_transcribe(port: int, audio: bytes) -> str:
 def start_target(name: str, threads: int) -> Target:
     """A target by name; `fairlane:PROFILE` is Fairlane planning with that cost profile (a
     shipped name or a YAML path), and `fairlane@SETTING=VALUE` (repeatable) with a policy
-    setting changed, to compare profiles or settings on one load, rounds interleaved."""
+    setting changed, to compare profiles or settings on one load, rounds interleaved;
+    `fairlane@checkout=DIR`: the server's code from another checkout of Fairlane (an earlier
+    commit: `git worktree add DIR COMMIT`), for a before-and-after on one load."""
     if name == "separate":
         return SeparateStack(threads)
     if name == "fairlane+remote":
@@ -245,9 +253,10 @@ def start_target(name: str, threads: int) -> Target:
     extra: dict[str, Any] = {}
     if profile:
         extra["server"] = {"profile": profile}
+    checkout = settings.pop("checkout", None)
     if settings:
         extra["policy"] = settings
-    target = FairlaneTarget(policy, threads, extra or None)
+    target = FairlaneTarget(policy, threads, extra or None, Path(checkout) if checkout else None)
     target.name = name
     return target
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -75,9 +76,14 @@ class ServerProcess:
 
 
 def fairlane_server(
-    policy: str, threads: int, n_seq_max: int, extra: dict[str, Any] | None = None
+    policy: str,
+    threads: int,
+    n_seq_max: int,
+    extra: dict[str, Any] | None = None,
+    checkout: Path | None = None,
 ) -> ServerProcess:
-    """`fairlane serve` on the default model, configured by a temporary YAML file."""
+    """`fairlane serve` on the default model, configured by a temporary YAML file; `checkout`:
+    the server's code from another checkout (an earlier commit), on this environment."""
     port = free_port()
     cfg: dict[str, Any] = {
         "server": {"port": port, "data_dir": tempfile.mkdtemp(prefix="fairlane-bench-")},
@@ -92,7 +98,8 @@ def fairlane_server(
     path = Path(tempfile.mkdtemp()) / "fairlane.yaml"
     path.write_text(yaml.safe_dump(cfg))
     argv = [sys.executable, "-m", "fairlane", "serve", "--config", str(path), "--policy", policy]
-    return ServerProcess(argv, port)
+    env = {**os.environ, "PYTHONPATH": str(checkout.resolve() / "addon")} if checkout else None
+    return ServerProcess(argv, port, env)
 
 
 @dataclass

@@ -102,6 +102,15 @@ class IterationBuilder:
         )
         return min(self.token_room, fits)
 
+    def chunk_fixed_s(self, position: int) -> float:
+        """What a prompt chunk starting at `position` costs before its tokens do: the prompt
+        kernels' fixed cost if it is the iteration's first prompt chunk, and its attention over
+        the positions before it (the intercept of the chunk's cost against its length)."""
+        now = self.predicted_s()
+        one = self.predicted_s(prefill=1, context=position + 1)
+        two = self.predicted_s(prefill=2, context=position + 2)
+        return max(0.0, 2 * one - two - now)
+
     def add(self, request: Request, num_tokens: int) -> Chunk:
         start = request.computed_tokens
         chunk = Chunk(

@@ -55,6 +55,12 @@ class PolicyConfig:
     # token fits it; on 2 CPU cores beside long summaries' KV an 8-token chunk takes 3x the
     # slice, so an arrival waited for 3 slices (docs/benchmarks.md).
     background_min_chunk: int = 1
+    # Rule 8 where a prompt chunk's fixed cost (the prompt kernels, attention over its
+    # position) alone fills the slice: an owed background slice may grow until its prompt
+    # tokens cost this multiple of that fixed cost (never past `arrival_wait_s`), so the
+    # share owed is spent on tokens, not overhead. 0: owed slices keep to the slice (the
+    # 2-core host's 55 ms fixed cost then left 1-token chunks at ~15% of the step on tokens).
+    owed_chunk_worth: float = 1.0
     # Plan iterations to this fraction of the tightest ITL target, for noise in step times.
     itl_headroom: float = 0.8
     # Rule 4 for voice: a spoken reply is heard once whole sentences are written, so its pace is

@@ -93,6 +93,8 @@ class Lanes(Policy):
         # Background device time per lane, decayed: it rotates the background lanes (rule 8).
         self.lane_share: DeviceShare[Kind] = DeviceShare(config.share_window_s)
         self.last_interactive_end: float | None = None
+        # Rule 2 beside rule 8: whether the last step was a slice owed to background.
+        self.owed_last = False
 
     # --- queues ----------------------------------------------------------------------------
 

@@ -29,7 +29,9 @@ class LlmIteration(Lanes):
             held = self.held_tokens()
             decode_cost = self.cost.llm_s(0, len(decodes), 0, held) - self.cost.llm_s(0, 0, 0, held)
             batch.budget_s = self.config.slice_s
-            self._schedule_background(batch, preempted, self.config.slice_s - decode_cost, now)
+            limit_s = self.config.slice_s - decode_cost
+            ceiling_s = self.config.arrival_wait_s - decode_cost
+            self._schedule_background(batch, preempted, limit_s, now, ceiling_s)
             if not batch.chunks:
                 return None  # background cannot run on this lane now: the next lane may
             self._schedule_interactive_decodes(batch, preempted)
@@ -146,9 +148,18 @@ class LlmIteration(Lanes):
                     break
 
     def _schedule_background(
-        self, batch: IterationBuilder, preempted: list[str], limit_s: float, now: float
+        self,
+        batch: IterationBuilder,
+        preempted: list[str],
+        limit_s: float,
+        now: float,
+        ceiling_s: float | None = None,
     ) -> None:
-        """Background decodes, then background prefill, while the iteration fits in `limit_s`."""
+        """Background decodes, then background prefill, while the iteration fits in `limit_s`.
+
+        `ceiling_s` (an owed slice, rule 8): a prompt chunk that `limit_s` leaves below its
+        worth may grow up to it (`_worth_room`).
+        """
         running = self._by_urgency(interactive=False)
         for request in running:
             if batch.full:
@@ -163,7 +174,7 @@ class LlmIteration(Lanes):
                 batch.add(request, 1)
         prefilling = [r for r in running if r.status is Status.RUNNING and not r.is_decode]
         for request in prefilling:
-            if not self._add_prefill(request, batch, preempted, limit_s):
+            if not self._add_prefill(request, batch, preempted, limit_s, ceiling_s=ceiling_s):
                 return
         queue = self.waiting[Kind.LLM, Priority.BACKGROUND]
         reserve = self.config.kv_reserve_blocks
@@ -173,8 +184,27 @@ class LlmIteration(Lanes):
             # always can eventually: admission refused any that could never fit.)
             if not self.kv.can_hold(waiting.id, waiting.kv_tokens(waiting.target_tokens), reserve):
                 return
-            if not self._add_prefill(waiting, batch, preempted, limit_s, now):
+            if not self._add_prefill(waiting, batch, preempted, limit_s, now, ceiling_s):
                 return
+
+    def _worth_room(self, batch: IterationBuilder, position: int, ceiling_s: float) -> int:
+        """Prompt tokens of a chunk at `position` whose own cost is `owed_chunk_worth` times
+        the chunk's fixed cost, in an iteration no longer than `ceiling_s`.
+
+        Rule 8 on a slow host: a background prompt's fixed cost (~55 ms on 2 CPU cores beside
+        long summaries) alone fills a 50 ms slice, so an owed slice kept to it ran 1-token
+        chunks and spent the share it was owed on overhead. Growing the one owed step keeps
+        rule 2's promise in its own words (an arrival waits for one background step) while the
+        step does work worth its cost.
+        """
+        worth = self.config.owed_chunk_worth
+        if worth <= 0:
+            return 0
+        fixed_s = batch.chunk_fixed_s(position)
+        worth_s = batch.predicted_s() + (1.0 + worth) * fixed_s
+        # The fewest tokens that cost at least that (one past what fits), within the ceiling.
+        fewest = batch.prefill_room(worth_s, position) + 1
+        return min(fewest, batch.prefill_room(ceiling_s, position))
 
     def _add_prefill(
         self,
@@ -183,6 +213,7 @@ class LlmIteration(Lanes):
         preempted: list[str],
         budget_s: float | None,
         now: float | None = None,
+        ceiling_s: float | None = None,
     ) -> bool:
         """Add the largest chunk of `request`'s prompt that the budgets allow.
 
@@ -191,9 +222,11 @@ class LlmIteration(Lanes):
         background prompt in an otherwise empty one `background_min_chunk` (1: the step keeps
         to its bound wherever one token fits it, rule 2). `now` is given for a waiting request,
         which also needs a sequence slot: an interactive one takes a background sequence's
-        slot (rule 5).
+        slot (rule 5). `ceiling_s`: an owed background slice, whose chunk may grow to its worth.
         """
         room = batch.prefill_room(budget_s, request.computed_tokens)
+        if ceiling_s is not None:
+            room = max(room, self._worth_room(batch, request.computed_tokens, ceiling_s))
         if request.priority.interactive:
             least = self.config.min_prefill_chunk
             guaranteed = not batch.chunks or not batch.prefill

@@ -39,6 +39,7 @@ class FairlaneScheduler(BatchSteps, LlmIteration):
         for choice in choices:
             plan = self._plan(choice, now)
             if plan is not None:
+                self.owed_last = choice.owed
                 return plan
         # Unreachable: admission guarantees every request fits alone, so some lane can always
         # run (the property tests drive the policy into every corner to check it). Should it
@@ -89,7 +90,9 @@ class FairlaneScheduler(BatchSteps, LlmIteration):
         ranked = sorted(pending.items(), key=rank)
         background = self._background_lanes()
         choices: list[LaneChoice] = []
-        if background and ranked[0][1].interactive and self._background_owed(now):
+        # Rule 2 beside rule 8: an interactive prompt waits for one owed slice, never two.
+        one_owed = self.owed_last and self._interactive_prompt_waits()
+        if background and ranked[0][1].interactive and not one_owed and self._background_owed(now):
             for lane in sorted(background, key=lambda k: (self.lane_share.share(k, now), k.value)):
                 choices.append(LaneChoice(lane, Priority.BACKGROUND, self.config.slice_s, True))
         kind, priority = ranked[0]
@@ -112,6 +115,13 @@ class FairlaneScheduler(BatchSteps, LlmIteration):
         ):
             lanes.append(Kind.LLM)
         return lanes
+
+    def _interactive_prompt_waits(self) -> bool:
+        """An interactive request whose first output is still to come (its TTFT or its
+        transcript is running): waiting, or part-way through its prompt."""
+        return any(len(q) for (_, p), q in self.waiting.items() if p.interactive) or any(
+            r.priority.interactive and not r.is_decode for r in self.running.values()
+        )
 
     def _background_owed(self, now: float) -> bool:
         """Rule 8: the progress guarantee."""

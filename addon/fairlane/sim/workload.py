@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import random
 import wave
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -55,9 +56,22 @@ _ARRIVALS = vol.Any(
 _SLO = vol.Any(None, {vol.Optional(k): vol.Coerce(float) for k in ("stt_ms", "ttft_ms", "itl_ms")})
 _LLM: dict[Any, Any] = {vol.Required("prompt_tokens"): _DIST, vol.Required("output_tokens"): _DIST}
 _SIZES = {vol.Optional(k): _DIST for k in ("prompt_tokens", "output_tokens", "audio_s")}
-_PER_CLIENT = {vol.Optional("per_client"): {str: _SIZES}}
-_SHARED = {vol.Optional("shared_prefix_tokens", default=0): vol.All(int, vol.Range(min=0))}
 _IN_FLIGHT = vol.All(int, vol.Range(min=1))
+# A member's own arrivals, instead of a share of the class's: a Poisson rate of their own, or
+# (chat) `in_flight`: a closed loop that keeps that many requests going, the next sent when
+# one is answered (one member pasting long texts back to back, four at a time).
+def _one_arrival_kind(own: dict[str, Any]) -> dict[str, Any]:
+    if "arrivals" in own and "in_flight" in own:
+        raise vol.Invalid("a member has its own arrivals or its own in_flight, not both")
+    return own
+
+
+_OWN_VOICE = {**_SIZES, vol.Optional("arrivals"): _ARRIVALS}
+_OWN_CHAT = vol.All(
+    {**_SIZES, vol.Optional("arrivals"): _ARRIVALS, vol.Optional("in_flight"): _IN_FLIGHT},
+    _one_arrival_kind,
+)
+_SHARED = {vol.Optional("shared_prefix_tokens", default=0): vol.All(int, vol.Range(min=0))}
 WORKLOAD_SCHEMA = vol.Schema(
     {
         vol.Required("name"): str,
@@ -80,7 +94,7 @@ WORKLOAD_SCHEMA = vol.Schema(
                     vol.Optional("ids_per_token", default=8.0): vol.Coerce(float),
                 },
                 vol.Optional("slo"): _SLO,
-                **_PER_CLIENT,
+                vol.Optional("per_client"): {str: _OWN_VOICE},
             },
             vol.Optional("chat"): {
                 vol.Required("clients"): [str],
@@ -89,7 +103,7 @@ WORKLOAD_SCHEMA = vol.Schema(
                 vol.Required("output_tokens"): _DIST,
                 vol.Optional("slo"): _SLO,
                 **_SHARED,
-                **_PER_CLIENT,
+                vol.Optional("per_client"): {str: _OWN_CHAT},
             },
             vol.Optional("background"): {
                 vol.Optional("automations"): {
@@ -124,7 +138,7 @@ WORKLOAD_SCHEMA = vol.Schema(
         ],
         vol.Optional("cpu_slo_scale", default=1.0): vol.Coerce(float),
     },
-    extra=vol.ALLOW_EXTRA,
+    extra=vol.PREVENT_EXTRA,  # a misspelt key is an error, not a workload that means less
 )
 _GROUP_PRIORITY = {
     "chat": Priority.CHAT,
@@ -308,8 +322,7 @@ def build(data: dict[str, Any], base: Path | None = None) -> Workload:
         recordings = (
             _recordings((base or Path.cwd()) / voice["audio_dir"]) if "audio_dir" in voice else []
         )
-        for index, at in enumerate(sampler.arrivals(voice["arrivals"], duration)):
-            client = sampler.rng.choice(voice["clients"])
+        for index, (at, client) in enumerate(_arrivals(sampler, voice, duration)):
             sizes = _sizes(voice, client)
             turn = _sizes(voice, client, "llm_turn")
             reply = Job(
@@ -347,8 +360,7 @@ def build(data: dict[str, Any], base: Path | None = None) -> Workload:
 
     if chat := classes.get("chat"):
         slo[Priority.CHAT] = _slo(chat.get("slo"))
-        for at in sampler.arrivals(chat["arrivals"], duration):
-            client = sampler.rng.choice(chat["clients"])
+        for at, client in _arrivals(sampler, chat, duration):
             sizes = _sizes(chat, client)
             jobs.append(
                 Job(
@@ -362,6 +374,12 @@ def build(data: dict[str, Any], base: Path | None = None) -> Workload:
                     prefix_tokens=chat["shared_prefix_tokens"],
                 )
             )
+
+        for client, own in (chat.get("per_client") or {}).items():
+            if "in_flight" in own:
+                spec = {**_sizes(chat, client), "client": client, "group": "chat"}
+                spec = {**spec, "in_flight": own["in_flight"]}
+                loops.append(_closed_loop(f"{client}-chat", spec, sampler, duration))
 
     background = classes.get("background") or {}
     slo[Priority.BACKGROUND] = _slo(background.get("slo"))
@@ -423,6 +441,24 @@ def build(data: dict[str, Any], base: Path | None = None) -> Workload:
     return Workload(
         data["name"], duration, tuple(jobs), slo, data["cpu_slo_scale"], tuple(loops)
     )
+
+
+def _arrivals(
+    sampler: Sampler, spec: dict[str, Any], duration: float
+) -> Iterator[tuple[float, str]]:
+    """A class's arrivals and who sends each: the class's own arrivals, each drawn among its
+    members who have none of their own, then each member's own rate. (A member with
+    `in_flight` is a closed loop, built apart.) Drawn lazily, so that a workload without
+    members' own arrivals draws exactly what it always drew."""
+    own = spec.get("per_client") or {}
+    shared = [c for c in spec["clients"] if not {"arrivals", "in_flight"} & set(own.get(c, {}))]
+    if shared:
+        for at in sampler.arrivals(spec["arrivals"], duration):
+            yield at, sampler.rng.choice(shared)
+    for client in spec["clients"]:
+        if "arrivals" in own.get(client, {}):
+            for at in sampler.arrivals(own[client]["arrivals"], duration):
+                yield at, client
 
 
 def _closed_loop(name: str, spec: dict[str, Any], sampler: Sampler, duration: float) -> Loop:
