@@ -87,13 +87,12 @@ unit-ha: install $(HA_STAMP)
 		--cov=custom_components/fairlane --cov-report=term-missing:skip-covered
 
 # The integration's tests and strict mypy on the newest Home Assistant release (2026.3 and later
-# need Python >= 3.14, which pyenv and pip do not give here): the shared script builds a Debian
-# sid chroot with Python 3.14 (root, apt and PyPI; ~5 min once, then ~5-11 min). HA_VERSION=...
-# picks another release. Not part of `make test` (CI): see custom_components/fairlane/README.md.
-HA_CURRENT ?= ../shared/ha-current/ha-current.sh
+# need Python >= 3.14, which pyenv and pip do not give here): scripts/ha-current.sh builds a
+# Debian sid chroot with Python 3.14 (root, apt and PyPI; ~6 min once, then ~12 min).
+# HA_VERSION=... picks another release; ARGS=... replaces the test selection (tests_ha). Not
+# part of `make test` (CI): see custom_components/fairlane/README.md.
 test-ha-current: install
-	@test -x $(HA_CURRENT) || { echo "test-ha-current: $(HA_CURRENT) not found (set HA_CURRENT)"; exit 2; }
-	$(SUDO) $(if $(HA_VERSION),env HA_VERSION=$(HA_VERSION)) $(HA_CURRENT) $(CURDIR)
+	$(SUDO) $(if $(HA_VERSION),env HA_VERSION=$(HA_VERSION)) scripts/ha-current.sh $(ARGS)
 
 # A fresh server under a light mixed load for SOAK_MINUTES (chat, voice, embeddings, documents):
 # errors, hung requests, /health latency and memory growth. Never alongside tests or benchmarks.

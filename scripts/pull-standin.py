@@ -1,6 +1,6 @@
 """A recorded pull against the local stand-in for the hub (tests/hub/standin.py): time to the
 first byte, throughput, and a pull killed half-way (SIGKILL) then resumed, with how many bytes
-the second try asked for. For the pull's figures in docs/benchmarks.md (issue 44).
+the second try asked for. For the pull's figures in docs/history/benchmarks.md (issue 44).
 
 Usage: .venv/bin/python scripts/pull-standin.py [--mb 256]
 """

@@ -1,4 +1,4 @@
-"""The simulator's tables in docs/benchmarks.md, as markdown: every shipped workload on the
+"""The simulator's tables in docs/history/benchmarks.md, as markdown: every shipped workload on the
 profile it is meant for, Fairlane beside the baselines households run.
 
 Usage: .venv/bin/python scripts/simulation-tables.py [POLICY,...]

@@ -76,3 +76,23 @@ def test_token_file_is_made_once_and_kept(tmp_path) -> None:
     first = config.token_from_file(path)
     assert len(first) >= 32 and path.stat().st_mode & 0o777 == 0o600
     assert config.token_from_file(path) == first  # a restart keeps it
+
+
+def test_remotes_with_the_same_work_are_one_lane_and_partial_overlaps_are_refused() -> None:
+    """Two GPU boxes for the same classes are one lane (issue 46); a remote that shares only
+    some of another's work would make a request's lane ambiguous, and is refused."""
+    from fairlane.runtime.remote import lanes_of
+
+    box = {"url": "http://gpu:8000/v1", "classes": ["chat", "background"]}
+    cfg = config.parse({"remotes": [{"name": "a", "engine": "vllm", **box},
+                                    {"name": "b", "engine": "sglang", **box},
+                                    {"name": "c", "url": "http://e:1/v1", "kinds": ["embed"]}]})
+    assert [[r.name for r in lane] for lane in lanes_of(cfg.remotes)] == [["a", "b"], ["c"]]
+    assert [r.engine for r in cfg.remotes] == ["vllm", "sglang", "openai"]
+    with pytest.raises(config.ConfigError, match="share some work but not all"):
+        config.parse({"remotes": [{"name": "a", **box},
+                                  {"name": "b", "url": "http://x:1/v1", "classes": ["chat"]}]})
+    with pytest.raises(config.ConfigError, match="two remotes are named 'a'"):
+        config.parse({"remotes": [{"name": "a", **box}, {"name": "a", **box}]})
+    with pytest.raises(config.ConfigError, match="engine"):
+        config.parse({"remotes": [{"name": "a", "engine": "tgi", **box}]})

@@ -70,7 +70,7 @@ from fairlane.runtime.overhead import host_overhead
 from fairlane.runtime.prediction import WINDOW_S, background_steps, prediction_error
 from fairlane.runtime.remote import RemoteError
 from fairlane.startup import StartupError, build_services, exposure_warnings
-from fairlane.voice import wyoming
+from fairlane.voice import bounds, wyoming
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ async def health(request: web.Request) -> web.Response:
     svc = services_of(request)
     devices = {p.engine: p.as_dict() for p in svc.placements}
     components = {name: c.as_dict() for name, c in svc.components.items()}
-    remotes = {lane.name: lane.health() for lane in svc.remotes}
+    remotes = {e.name: e.health() for lane in svc.remotes for e in lane.engines}
     faults = svc.device.faults()
     healthy = (
         all(p.ok for p in svc.placements)
@@ -287,7 +287,9 @@ async def stats(request: web.Request) -> web.Response:
         ).values()
     }
     if svc.remotes:
-        body["remotes"] = {lane.name: lane.stats() for lane in svc.remotes}
+        body["remotes"] = {
+            e.name: e.stats(lane.waiting()) for lane in svc.remotes for e in lane.engines
+        }
     if svc.documents is not None:
         documents = await asyncio.to_thread(svc.documents.documents)
         body["background"] = {"indexing": progress(documents, svc.started_at)}
@@ -421,7 +423,7 @@ async def _start_wyoming(app: web.Application) -> None:
         max_connections=svc.config.wyoming.max_connections,
         priority=Priority.parse(svc.config.wyoming.max_class),
         idle_timeout_s=svc.config.wyoming.idle_timeout_s,
-        clients=wyoming.networks(svc.config.wyoming.clients),
+        clients=bounds.networks(svc.config.wyoming.clients),
     )
     svc.wyoming = services
     server = await wyoming.start(services, host, svc.config.wyoming.port)
@@ -430,7 +432,7 @@ async def _start_wyoming(app: web.Application) -> None:
     if services.clients:
         _LOGGER.info("Wyoming on tcp://%s:%d for %s", host, svc.wyoming_port,
                      ", ".join(svc.config.wyoming.clients))
-    elif wyoming.beyond_loopback(host):
+    elif bounds.beyond_loopback(host):
         _LOGGER.warning(
             "Wyoming on tcp://%s:%d has no credentials and takes any client: list the ones "
             "that may connect in wyoming.clients", host, svc.wyoming_port)

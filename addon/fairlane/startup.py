@@ -36,7 +36,7 @@ from fairlane.profiles import load as load_profile
 from fairlane.runtime.device import DeviceLoop, Devices
 from fairlane.runtime.identity import instance_id
 from fairlane.runtime.pulls import PullJobs, llm_to_load
-from fairlane.runtime.remote import RemoteLane
+from fairlane.runtime.remote import RemoteLane, lanes_of
 from fairlane.runtime.telemetry import Telemetry
 from fairlane.voice.synthesis import VoiceService
 from fairlane.voice.wyoming import SpeechService
@@ -148,7 +148,7 @@ def build_services(cfg: config_mod.Config) -> Services:
     device, policy_config = start_loops(cfg, engines, workers)
     telemetry = Telemetry(policy_config)
     name = llm_model if llm_model in models.PACKAGED else model_path.stem
-    remotes = [RemoteLane(remote, policy_config) for remote in cfg.remotes]
+    remotes = [RemoteLane.of(group, policy_config) for group in lanes_of(cfg.remotes)]
     speech = SpeechService(device, stt, telemetry, cfg.stt.model) if stt is not None else None
     voice = VoiceService(device, tts, telemetry) if tts is not None else None
     pulls = PullJobs(data_dir)

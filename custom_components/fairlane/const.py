@@ -35,7 +35,7 @@ DOCUMENTS_API_NAME: Final = "Household documents"
 DOCUMENTS_TOP_K: Final = 3
 # Cosine similarity from which a question is taken to be about the documents. Measured with
 # the default embedder: household questions against their passage 0.53-0.74; commands, small
-# talk and general questions against the best passage 0.06-0.25 (docs/benchmarks.md).
+# talk and general questions against the best passage 0.06-0.25 (docs/history/benchmarks.md).
 DOCUMENTS_RELEVANT: Final = 0.45
 
 # Settings of a conversation or AI task subentry.

@@ -87,7 +87,7 @@ class SearchDocumentsTool(llm.Tool):
             nothing = "nothing in the household documents matches"
             return tool_answer({"results": [], "note": nothing})
         # Said with the passages, the model answers from them; without it, the default
-        # 0.5B model searched again in 4 runs of 4 (docs/benchmarks.md).
+        # 0.5B model searched again in 4 runs of 4 (docs/history/benchmarks.md).
         return tool_answer({"results": results, "instructions": ANSWER_FROM_PASSAGES})
 
 

@@ -118,6 +118,8 @@ MAPPING: dict[str, tuple[Any, Any]] = {
     "remote_url": ("http://attic.local:8844/v1", lambda c: c.remotes[0].url),
     "remote_token": ('it"s: #secret', lambda c: c.remotes[0].token),
     "remote_model": ("Qwen/Qwen2.5-7B-Instruct", lambda c: c.remotes[0].model),
+    "remote_engine": ("vllm", lambda c: c.remotes[0].engine),
+    "remote_classes": ("everything", lambda c: c.remotes[0].classes),
 }
 
 
@@ -162,6 +164,8 @@ def test_every_option_maps_to_its_server_setting(tmp_path: Path) -> None:
     for key, (value, setting) in MAPPING.items():
         got = setting(cfg)
         expected = (value,) * 3 if key == "threads" else value
+        if key == "remote_classes":
+            expected = ("voice", "chat", "background")
         assert got == expected, f"option {key}: {got!r} != {expected!r}"
     assert cfg.server.data_dir == "/data" and cfg.server.token_file == "/data/token"
     assert cfg.server.stats_readers == ("172.30.32.2",)  # Supervisor's ingress proxy
@@ -207,7 +211,8 @@ def test_s6_services_are_complete() -> None:
     scripts = [str(S6 / "fairlane" / "run"), str(S6 / "fairlane" / "finish"),
                str(S6 / "discovery" / "run"), str(ROOT / "scripts" / "gpu-smoke.sh"),
                str(ROOT / "scripts" / "gpu-evidence.sh"),
-               str(ROOT / "scripts" / "gpu-evidence-pack.sh")]
+               str(ROOT / "scripts" / "gpu-evidence-pack.sh"),
+               str(ROOT / "scripts" / "ha-current.sh")]
     result = subprocess.run([BIN / "shellcheck", "-s", "bash", *scripts], capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stdout

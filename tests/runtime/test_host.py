@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from fairlane.runtime import host
-from fairlane.voice.wyoming import beyond_loopback, client_allowed, networks
+from fairlane.voice.bounds import beyond_loopback, client_allowed, networks
 
 
 def test_a_plain_shell_gets_the_servers_thread_settings() -> None:

@@ -279,7 +279,7 @@ def test_documents_are_embedded_on_the_remote_and_searched_here(
     status, found = http(local, "POST", "/v1/documents/search",
                          {"query": "When do the bins go out?", "top_k": 1})
     assert status == 200 and found["data"][0]["document_id"] == ids["bins"]
-    assert local.services.remotes[0].same_vectors
+    assert local.services.remotes[0].engines[0].same_vectors
     assert lane_stats(local)["served"] > served
     records = local.services.device.records
     assert not any(r.kind is Kind.EMBED and Priority.BACKGROUND in r.classes for r in records)

@@ -1,5 +1,5 @@
 """The simulator's report counts work as `bench family` counts it on the real server, so the
-two can be set side by side (docs/benchmarks.md: the simulator against the server)."""
+two can be set side by side (docs/history/benchmarks.md: the simulator against the server)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,14 @@ from aiohttp import web
 
 from fairlane.api.common import ApiError, Services, refused
 from fairlane.policy import Kind, Priority, Request
-from fairlane.runtime.remote import RemoteCancelled, RemoteError, RemoteLane, RemoteRefused
+from fairlane.runtime.metrics import RequestRecord
+from fairlane.runtime.remote import (
+    RemoteCancelled,
+    RemoteEngine,
+    RemoteError,
+    RemoteLane,
+    RemoteRefused,
+)
 
 # Fields that are this server's, not the remote's (the lane sends the class in the
 # X-Fairlane-Class header, which another Fairlane reads and other engines ignore).
@@ -64,42 +71,71 @@ async def remote_chat(
     priority: Priority,
     client: str,
 ) -> web.StreamResponse:
-    """`/v1/chat/completions` for a class bound to a remote lane."""
+    """`/v1/chat/completions` for a class bound to a remote lane. A remote that fails before
+    its first chunk (unreachable, 5xx, a stall) is tried no more for this request: it goes to
+    another of the lane's remotes, if one is up (failover); the client hears of it only when
+    none could serve it."""
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     forward = {k: v for k, v in body.items() if k not in OWN_FIELDS}
-    if lane.config.model is not None:
-        forward["model"] = lane.config.model
     prompt_tokens = await asyncio.to_thread(_prompt_tokens, svc, body["messages"])
     item = Request(completion_id, Kind.LLM, priority, client, 0.0, prompt_tokens=prompt_tokens)
+    record: RequestRecord | None = None  # begun with the first remote, kept through a failover
+    tried: frozenset[str] = frozenset()
     try:
-        async with lane.slot(item):
-            record = svc.telemetry.begin(Kind.LLM, priority, client, prompt_tokens, item.arrival)
-            chunks = _counted(svc, lane, item, record, lane.chat(
-                {**forward, "stream_options": {"include_usage": True}}, item))
-            try:
-                # The first chunk before the response starts: a remote that fails now is an
-                # HTTP error for the client, not a stream that breaks off.
-                first = await anext(chunks, None)
-                if body["stream"]:
-                    response, failed = await _relay(request, completion_id, first, chunks, body)
-                    if failed:
-                        svc.telemetry.finish(record, svc.device.clock(), outcome="failed")
-                    return response
-                return web.json_response(await _assemble(completion_id, first, chunks))
-            except RemoteError:
-                svc.telemetry.finish(record, svc.device.clock(), outcome="failed")
-                raise
-            finally:
-                await chunks.aclose()
-                if record.finished_at is None:  # the client went away
-                    svc.telemetry.finish(record, svc.device.clock(), outcome="cancelled")
+        while True:
+            async with lane.slot(item, tried) as engine:
+                if record is None:
+                    record = svc.telemetry.begin(
+                        Kind.LLM, priority, client, prompt_tokens, item.arrival
+                    )
+                sent = {**forward, "stream_options": {"include_usage": True}}
+                if engine.config.model is not None:
+                    sent["model"] = engine.config.model
+                chunks = _counted(svc, lane, item, record, engine.chat(sent, item))
+                retry = False
+                try:
+                    # The first chunk before the response starts: a remote that fails now is
+                    # another remote's request, or an HTTP error, not a stream that breaks off.
+                    try:
+                        first = await anext(chunks, None)
+                    except RemoteError as err:
+                        retry = _fails_over(lane, engine.name, tried, err)
+                        if not retry:
+                            raise
+                        tried |= {engine.name}
+                        continue
+                    if body["stream"]:
+                        response, failed = await _relay(
+                            request, completion_id, first, chunks, body
+                        )
+                        if failed:
+                            svc.telemetry.finish(record, svc.device.clock(), outcome="failed")
+                        return response
+                    return web.json_response(await _assemble(completion_id, first, chunks))
+                except RemoteError:
+                    svc.telemetry.finish(record, svc.device.clock(), outcome="failed")
+                    raise
+                finally:
+                    await chunks.aclose()
+                    if record.finished_at is None and not retry:  # the client went away
+                        svc.telemetry.finish(record, svc.device.clock(), outcome="cancelled")
     except RemoteRefused as err:
         svc.telemetry.refuse(priority)
         raise refused(err.admission) from None
     except RemoteError as err:
+        if record is not None and record.finished_at is None:
+            svc.telemetry.finish(record, svc.device.clock(), outcome="failed")
         raise api_error(err) from None
     except RemoteCancelled:
         return await _cancelled_reply(request, completion_id, body)
+
+
+def _fails_over(lane: RemoteLane, failed: str, tried: frozenset[str], err: RemoteError) -> bool:
+    """Whether a request that `failed` (a remote's fault, before any output) may go to
+    another of the lane's remotes: one not tried yet and not down."""
+    if err.status < 500:
+        return False
+    return any(e.name not in tried | {failed} and not e.down() for e in lane.engines)
 
 
 async def _counted(svc: Services, lane: RemoteLane, item: Request, record: Any,
@@ -109,6 +145,7 @@ async def _counted(svc: Services, lane: RemoteLane, item: Request, record: Any,
     charged to the client's fairness counter; the record is finished at the end. A cancel
     through the API stops the wait for the next chunk at once and ends the reply ("stop")."""
     stop = lane.stops[item.id]
+    once = NamedOnce()
     step: asyncio.Future[dict[str, Any] | None] | None = None
     try:
         while True:
@@ -127,7 +164,7 @@ async def _counted(svc: Services, lane: RemoteLane, item: Request, record: Any,
                    (c.get("delta") or {}).get("tool_calls") for c in chunk.get("choices") or []):
                 svc.telemetry.token(record, svc.device.clock())
                 lane.charge_output(item, 1)
-            yield chunk
+            yield once(chunk)
         svc.telemetry.finish(record, svc.device.clock())
     finally:
         if step is not None and not step.done():  # the client left, or a cancel
@@ -135,6 +172,32 @@ async def _counted(svc: Services, lane: RemoteLane, item: Request, record: Any,
             with contextlib.suppress(asyncio.CancelledError, RemoteError):
                 await step
         await chunks.aclose()
+
+
+class NamedOnce:
+    """A tool call's id, type and function name in its first delta only, as OpenAI streams
+    them. Some engines (llama.cpp's server) repeat them in every delta, beside the legacy
+    `function_call`; a client that appends deltas, as OpenAI's own SDK does, then reads the
+    name written once per token ("HassTurnOnHassTurnOn…")."""
+
+    def __init__(self) -> None:
+        self.named: set[tuple[int, int]] = set()
+
+    def __call__(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("tool_calls"):
+                delta.pop("function_call", None)
+            for call in delta.get("tool_calls") or []:
+                key = (choice.get("index", 0), call.get("index", 0))
+                function = call.get("function") or {}
+                if key in self.named:
+                    call.pop("id", None)
+                    call.pop("type", None)
+                    function.pop("name", None)
+                elif function.get("name"):
+                    self.named.add(key)
+        return chunk
 
 
 def _final_chunk() -> dict[str, Any]:
@@ -241,16 +304,16 @@ async def remote_generate(
     RemoteError: the job stays pending and its worker retries with back-off."""
     body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens,
                             "temperature": 0.2, "seed": 0}
-    body["model"] = lane.config.model or svc.model_name
     prompt_tokens = await asyncio.to_thread(_prompt_tokens, svc, messages)
     item = Request(f"gen-{uuid.uuid4().hex}", Kind.LLM, priority, client, 0.0,
                    prompt_tokens=prompt_tokens)
     try:
-        async with lane.slot(item):
+        async with lane.slot(item) as engine:
+            body["model"] = engine.config.model or svc.model_name
             record = svc.telemetry.begin(Kind.LLM, priority, client, prompt_tokens, item.arrival)
             try:
                 reply = await _assemble(item.id, None, _counted(
-                    svc, lane, item, record, lane.chat(body, item)))
+                    svc, lane, item, record, engine.chat(body, item)))
             finally:
                 if record.finished_at is None:
                     svc.telemetry.finish(record, svc.device.clock(), outcome="cancelled")
@@ -276,14 +339,14 @@ async def remote_embed(
     RemoteError when the remote fails (a handler answers it; the indexer is retried)."""
     assert svc.embedder is not None
     texts = await asyncio.to_thread(svc.embedder.tokenizer.decode_batch, token_ids)
-    model = lane.config.model or svc.embed_name
     item = Request(f"emb-{uuid.uuid4().hex}", Kind.EMBED, priority, client, 0.0,
                    prompt_tokens=sum(len(ids) for ids in token_ids))
     try:
-        async with lane.slot(item):
-            if not lane.same_vectors:
-                await _check_same_vectors(svc, lane, model, item, embed_here)
-            vectors = await lane.embed(texts, model, item)
+        async with lane.slot(item) as engine:
+            model = engine.config.model or svc.embed_name
+            if not engine.same_vectors:
+                await _check_same_vectors(svc, lane, engine, model, item, embed_here)
+            vectors = await engine.embed(texts, model, item)
     except RemoteRefused as err:
         svc.telemetry.refuse(priority)
         raise refused(err.admission) from None
@@ -291,13 +354,13 @@ async def remote_embed(
 
 
 async def _check_same_vectors(
-    svc: Services, lane: RemoteLane, model: str, item: Request,
+    svc: Services, lane: RemoteLane, engine: RemoteEngine, model: str, item: Request,
     embed_here: Callable[[list[list[int]]], Awaitable[list[Any]]],
 ) -> None:
     assert svc.embedder is not None
     tokens = await asyncio.to_thread(svc.embedder.tokenize, [PROBE])
     [here] = await embed_here(tokens)
-    [there] = await lane.embed([PROBE], model, item)
+    [there] = await engine.embed([PROBE], model, item)
     there_v = np.asarray(there, dtype=np.float32)
     if here.shape != there_v.shape:
         cosine = 0.0
@@ -306,9 +369,9 @@ async def _check_same_vectors(
                        max(float(np.linalg.norm(here) * np.linalg.norm(there_v)), 1e-12))
     if cosine < SAME_VECTORS:
         # Counted against the breaker: the lane is misconfigured until its model is fixed.
-        raise lane.count_failure(RemoteError(
-            502, f"the remote engine {lane.name!r} embeds differently from this server "
+        raise lane.count_failure(engine, RemoteError(
+            502, f"the remote engine {engine.name!r} embeds differently from this server "
                  f"(cosine {cosine:.2f} on a probe text, {there_v.shape[0]} against "
                  f"{here.shape[0]} dimensions): its vectors would not match the searches, "
                  "so none are used", "remote_mismatch"))
-    lane.same_vectors = True
+    engine.same_vectors = True

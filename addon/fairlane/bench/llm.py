@@ -197,7 +197,8 @@ def _after_embed(
     medians = {what: sorted(times)[len(times) // 2] for what, times in timed.items()}
     at = prompt + 2 * AFTER_ROUNDS  # the KV position at the middle of the rounds
     # Both are plain decodes to the cost model (no term for the engine before): with ONNX
-    # Runtime's threads not spinning, the two cost the same on this CPU (docs/benchmarks.md).
+    # Runtime's threads not spinning, the two cost the same on this CPU
+    # (docs/history/benchmarks.md).
     for what in ("after_decode", "after_embed"):
         out["points"].append(_point("after", 0, 1, at, at, medians[what]))
     print(

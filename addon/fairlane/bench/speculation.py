@@ -4,9 +4,9 @@ wrong guess costs.
 A voice client that transcribes at the speaker's first pause has the words before the end of
 speech is declared: with Whisper on a GPU (tens of ms) about `--lead` seconds before (0.35 s:
 Home Assistant's 0.7 s of silence less the integration's 0.3 s pause). On a 2-core CPU Whisper
-takes longer than that gap and there is no lead (docs/benchmarks.md); the lead here is what a
-faster recogniser would give, sent by the clock. Three ways to send one spoken command, taking
-turns command by command (plain, guessed, wrong, plain, …):
+takes longer than that gap and there is no lead (docs/history/benchmarks.md); the lead here is
+what a faster recogniser would give, sent by the clock. Three ways to send one spoken command,
+taking turns command by command (plain, guessed, wrong, plain, …):
 
 - `plain`: the turn sent at t;
 - `guessed`: the same turn sent as a guess (`fairlane_speculative`) at t - lead, then at t,

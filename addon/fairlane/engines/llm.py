@@ -14,7 +14,6 @@ import codecs
 import ctypes
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import numpy as np
 
 from fairlane.engines.native import import_llama_cpp
 from fairlane.engines.placement import Placement
+from fairlane.engines.prefix_cache import MIN_PREFIX_REUSE, CachedPrefix, PrefixCache, common_prefix
 from fairlane.engines.sampling import (
     GRAMMAR_OVER_BUDGET,
     Grammar,
@@ -83,24 +83,6 @@ class Sequence:
         return len(self.tokens) - self.prompt_len
 
 
-@dataclass
-class CachedPrefix:
-    """The KV cells of a finished sequence's tokens, kept under a sequence id of their own."""
-
-    seq_id: int
-    tokens: list[int]
-    used_at: float
-    pins: int = 0  # sequences admitted to start from it, until they are released
-    hits: int = 0  # prompts that started from it (Home Assistant's system prompt: many)
-    # The most leading tokens a prompt took from it: Home Assistant's system prompt and
-    # tools, where the rest is the turn that stored it. Making room trims an entry to this.
-    shared: int = 0
-    priority: Priority = Priority.CHAT  # the class of the turn that stored it
-    # The text of its first `spelt[0]` tokens and where each ends, once a prompt was compared
-    # with it (see LlamaEngine.tokenize_prompt).
-    spelt: tuple[int, bytes, list[int]] = (0, b"", [])
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: Path
@@ -121,8 +103,6 @@ class EngineConfig:
 
 # Tokens a prompt gives back from a cached entry's spelling to find a cut the tokenizer shares.
 CUT_BACKOFF = 8
-# A shorter common prefix is not worth a cache lookup's bookkeeping.
-MIN_PREFIX_REUSE = 16
 
 
 class Batch:
@@ -220,11 +200,13 @@ class LlamaEngine:
         self._piece = ctypes.create_string_buffer(256)
         self.sampling = Sampler(self.vocab, self.ctx, self.n_vocab, config.grammar_budget_s)
         self.free_ids = list(range(config.n_seq_max - 1, -1, -1))
-        self.cache_ids = list(range(config.n_seq_max + cache_slots - 1, config.n_seq_max - 1, -1))
-        self.cache: list[CachedPrefix] = []
-        # `add` runs on the HTTP side, the rest on the device loop's thread: the cache's
-        # entries and pins are shared between them.
-        self._cache_lock = threading.RLock()
+        cache_ids = list(range(config.n_seq_max + cache_slots - 1, config.n_seq_max - 1, -1))
+        self.prefixes = PrefixCache(
+            config.prefix_cache_tokens,
+            cache_ids,
+            lambda source, target, n: lc.llama_memory_seq_cp(self.memory, source, target, 0, n),
+            lambda seq_id, start: lc.llama_memory_seq_rm(self.memory, seq_id, start, -1),
+        )
         self.sequences: dict[str, Sequence] = {}
         self.threads = threads
 
@@ -278,13 +260,13 @@ class LlamaEngine:
         same text, with the model's own tokens for its own words."""
         tokens = self.tokenize(text)
         data = text.encode("utf-8")
-        with self._cache_lock:
-            entries = [(e, list(e.tokens)) for e in self.cache]
+        with self.prefixes.lock:
+            entries = [(e, list(e.tokens)) for e in self.prefixes.entries]
         best: tuple[list[int], list[int]] | None = None  # the entry's tokens and their ends
         for entry, cached in entries:
             spelt, ends = self._spelling(entry, cached)
             count = bisect.bisect_right(ends, _common_bytes(spelt, data))
-            if count > _common_prefix(cached, tokens) and (
+            if count > common_prefix(cached, tokens) and (
                 best is None or ends[count - 1] > best[1][-1]
             ):
                 best = (cached[:count], ends[:count])
@@ -319,6 +301,11 @@ class LlamaEngine:
             entry.spelt = (len(tokens), spelt, ends)
         return spelt, ends
 
+    @property
+    def cache(self) -> list[CachedPrefix]:
+        """The prefix cache's entries (engines.prefix_cache)."""
+        return self.prefixes.entries
+
     # --- sequences ---------------------------------------------------------------------------
 
     @property
@@ -347,8 +334,8 @@ class LlamaEngine:
             seq.grammar = Grammar(sampler, params.grammar_triggers)
         if params.seed is not None:  # the same seed, the same draws
             seq.rng = np.random.default_rng(params.seed & 0xFFFFFFFF)
-        with self._cache_lock:
-            entry, reused = self._longest_prefix(prompt)
+        with self.prefixes.lock:
+            entry, reused = self.prefixes.longest(prompt)
             if entry is not None:
                 entry.pins += 1
                 entry.hits += 1
@@ -380,18 +367,6 @@ class LlamaEngine:
 
     # --- the prefix cache --------------------------------------------------------------------
 
-    def _longest_prefix(self, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
-        """The cached prefix sharing the most leading tokens with `prompt`, and how many.
-
-        The prompt's last token is always computed: its logits give the first output.
-        """
-        best: tuple[CachedPrefix | None, int] = (None, 0)
-        for entry in self.cache:
-            shared = min(_common_prefix(entry.tokens, prompt), len(prompt) - 1)
-            if shared >= MIN_PREFIX_REUSE and shared > best[1]:
-                best = (entry, shared)
-        return best
-
     def _start_from_cache(self, seq: Sequence) -> None:
         """Share the cached prefix's cells with the sequence (no copy of the data in unified
         KV: the cells get the sequence's id too).
@@ -405,122 +380,22 @@ class LlamaEngine:
         lc.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
         lc.llama_memory_seq_cp(self.memory, entry.seq_id, seq.seq_id, 0, seq.reuse_tokens)
 
-    def _unpin(self, seq: Sequence) -> None:
-        with self._cache_lock:
-            if seq.reuse is not None:
-                seq.reuse.pins -= 1
-                seq.reuse = None
-
     def _keep_prefix(self, seq: Sequence) -> None:
         """Keep the cells of a finished sequence's tokens (every token but the last sampled,
         which was never fed) for a later prompt that starts the same way."""
-        budget = self.config.prefix_cache_tokens
-        tokens = seq.tokens[: min(len(seq.tokens) - 1, budget)]
-        if len(tokens) < MIN_PREFIX_REUSE:
+        tokens = seq.tokens[: min(len(seq.tokens) - 1, self.prefixes.budget)]
+        if len(tokens) < MIN_PREFIX_REUSE or seq.seq_id is None:
             return
-        with self._cache_lock:
-            self._store_prefix(seq, tokens, budget)
-
-    def _store_prefix(self, seq: Sequence, tokens: list[int], budget: int) -> None:
-        """Keep `tokens`' cells if room can be made.
-
-        An entry they extend is superseded, and so is the entry the sequence started from when
-        it reused most of it (Home Assistant's system prompt and an earlier turn's unique words:
-        the new entry holds the same system prompt, and the latest turn); their hits carry
-        over. Room is then made in this order:
-        1. entries not worth keeping go: a background turn's, then one no prompt has reused,
-           or whose reused part another entry (or the new one) holds too;
-        2. the entries left are each the only copy of something prompts reuse: their turns'
-           own words are trimmed (the shared part stays);
-        3. only then does one of those go, the least urgent class first, then the least
-           recently used, and only for a turn of the same or a more urgent class: a chat
-           turn never pushes out the system prompt every spoken command starts from.
-        A background turn (a summary of a unique document) may only replace a background
-        entry not worth keeping. Entries that sequences are about to start from (pinned)
-        always stay. With no room left, the new tokens are not kept.
-        """
-        hits = shared = 0
-        superseded = [e for e in self.cache if _common_prefix(e.tokens, tokens) == len(e.tokens)]
-        started_from = seq.started_from
-        if (
-            started_from is not None
-            and started_from in self.cache
-            and 2 * seq.reuse_tokens >= len(started_from.tokens)
-        ):
-            superseded.append(started_from)
-        for entry in superseded:
-            if entry.pins == 0 and entry in self.cache:
-                hits = max(hits, entry.hits)
-                shared = max(shared, min(entry.shared, _common_prefix(entry.tokens, tokens)))
-                self._evict(entry)
-
-        def has_room() -> bool:
-            return bool(self.cache_ids) and (
-                sum(len(e.tokens) for e in self.cache) + len(tokens) <= budget
+        with self.prefixes.lock:
+            self.prefixes.store(
+                tokens, seq.seq_id, seq.priority, seq.started_from, seq.reuse_tokens
             )
 
-        def kept(entry: CachedPrefix) -> bool:
-            """Reused, and the only holder of what prompts took from it (Home Assistant's
-            system prompt); a chat prompt that another entry, or the new one, holds too is
-            worth one of them."""
-            return entry.hits > 0 and not any(
-                _common_prefix(entry.tokens, other) >= entry.shared
-                for other in [tokens, *(e.tokens for e in self.cache if e is not entry)]
-            )
-
-        def may_evict(entry: CachedPrefix) -> bool:
-            if entry.pins:
-                return False
-            if seq.priority is Priority.BACKGROUND:
-                return entry.priority is Priority.BACKGROUND and not kept(entry)
-            return not kept(entry) or seq.priority <= entry.priority
-
-        def may_trim(entry: CachedPrefix) -> bool:
-            return (
-                not entry.pins
-                and entry.shared < len(entry.tokens)
-                and (seq.priority.interactive or entry.priority is Priority.BACKGROUND)
-                and kept(entry)
-            )
-
-        while not has_room():
-            # Least valuable first: background, not kept, the less urgent class, the oldest.
-            order = sorted(
-                self.cache, key=lambda e: (e.priority.interactive, kept(e), -e.priority, e.used_at)
-            )
-            spare = [e for e in order if may_evict(e) and not kept(e)]
-            trims = [e for e in order if may_trim(e)] if self.cache_ids else []
-            valued = [e for e in order if may_evict(e)]
-            if spare:
-                victim = spare[0]
-                if victim.hits and _common_prefix(victim.tokens, tokens) >= victim.shared:
-                    # The new entry holds all that prompts took from it: its hits carry over.
-                    hits, shared = max(hits, victim.hits), max(shared, victim.shared)
-                self._evict(victim)
-            elif trims:  # short of cells, not of entries: the turns' own words go first
-                self._trim(trims[0])
-            elif valued:
-                self._evict(valued[0])
-            else:
-                return  # what is cached is worth more than this sequence's tokens: keep it
-        assert seq.seq_id is not None
-        cache_id = self.cache_ids.pop()
-        lc.llama_memory_seq_cp(self.memory, seq.seq_id, cache_id, 0, len(tokens))
-        entry = CachedPrefix(
-            cache_id, tokens, time.monotonic(), hits=hits, shared=shared, priority=seq.priority
-        )
-        self.cache.append(entry)
-
-    def _trim(self, entry: CachedPrefix) -> None:
-        """Keep only the leading tokens that prompts took from the entry (its cells past them
-        go): the system prompt stays, the words of the turn that stored it do not."""
-        lc.llama_memory_seq_rm(self.memory, entry.seq_id, entry.shared, -1)
-        del entry.tokens[entry.shared :]
-
-    def _evict(self, entry: CachedPrefix) -> None:
-        lc.llama_memory_seq_rm(self.memory, entry.seq_id, -1, -1)
-        self.cache.remove(entry)
-        self.cache_ids.append(entry.seq_id)
+    def _unpin(self, seq: Sequence) -> None:
+        with self.prefixes.lock:
+            if seq.reuse is not None:
+                seq.reuse.pins -= 1
+                seq.reuse = None
 
     def grammar_parses(self, grammar: str) -> bool:
         """Whether llama.cpp accepts this GBNF grammar (rule `root`) for this model's vocabulary."""
@@ -636,9 +511,7 @@ class LlamaEngine:
     def close(self) -> None:
         for request_id in list(self.sequences):
             self.release(request_id)
-        with self._cache_lock:
-            for entry in list(self.cache):
-                self._evict(entry)
+        self.prefixes.close()
         lc.llama_free(self.ctx)
         lc.llama_model_free(self.model)
 
@@ -653,15 +526,6 @@ def _common_bytes(a: bytes, b: bytes) -> int:
         else:
             high = middle - 1
     return low
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:

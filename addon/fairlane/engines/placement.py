@@ -50,8 +50,8 @@ def onnx_session_options(threads: int) -> Any:
     Its intra-op threads spin after each run, waiting for the next (ONNX Runtime's default).
     The device loop runs the LLM's step next, and llama.cpp's threads then share the cores
     with threads that have no work: a decode right after an embedding batch took 49 ms
-    against 24 ms after another decode (docs/benchmarks.md, "The online fit held to its scale,
-    and a decode after an embedding batch"). Without the spin the embedding batch is as fast
+    against 24 ms after another decode (docs/history/benchmarks.md, "The online fit held to its
+    scale, and a decode after an embedding batch"). Without the spin the embedding batch is as fast
     and the decode after it ~32 ms.
     """
     import onnxruntime as ort

@@ -44,7 +44,7 @@ class PolicyConfig:
     # background step may grow to this fraction of the same target, never below the slice.
     # On a GPU's targets that is the slice itself (31 ms < 50 ms); on a CPU (targets × 8) it is
     # 250 ms, where the smallest prompt chunk beside long summaries already takes 100-200 ms
-    # and runs the prompt at well under its rate in long steps (docs/benchmarks.md).
+    # and runs the prompt at well under its rate in long steps (docs/history/benchmarks.md).
     forecast_wait_fraction: float = 0.0625
     # Rules 4 and 5: what one LLM iteration may carry, and how many sequences may hold KV.
     max_batch_tokens: int = 2048
@@ -53,7 +53,7 @@ class PolicyConfig:
     # Rule 2 for background prompts: an otherwise empty step runs at least this many prompt
     # tokens even past its time bound. 1 keeps background steps within the slice wherever one
     # token fits it; on 2 CPU cores beside long summaries' KV an 8-token chunk takes 3x the
-    # slice, so an arrival waited for 3 slices (docs/benchmarks.md).
+    # slice, so an arrival waited for 3 slices (docs/history/benchmarks.md).
     background_min_chunk: int = 1
     # Rule 8 where a prompt chunk's fixed cost (the prompt kernels, attention over its
     # position) alone fills the slice: an owed background slice may grow until its prompt

@@ -89,7 +89,7 @@ class OnlineFit:
     steps of one shape (a summary's decodes: the base, per-sequence and context terms move
     together) let the terms drift apart in opposite directions while their sum fitted, until
     they sat against the plausible range and every later decode was predicted 2× wrong
-    (docs/benchmarks.md, "The online fit held to its scale, and a decode after an embedding
+    (docs/history/benchmarks.md, "The online fit held to its scale, and a decode after an embedding
     batch").
     """
 

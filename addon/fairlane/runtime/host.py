@@ -35,7 +35,7 @@ _LOGGER = logging.getLogger(__name__)
 # The engines size their own pools; a library's implicit pool is one thread.
 ONE_THREAD = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 # Barrier spin rounds before a waiting OpenMP thread sleeps: see bench busy-host in
-# docs/benchmarks.md for the choice.
+# docs/history/benchmarks.md for the choice.
 SPIN_COUNT = "10000"
 
 
