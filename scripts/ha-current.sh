@@ -86,8 +86,11 @@ if [ ! -f "$CHROOT/.debootstrapped" ]; then
     touch "$CHROOT/.debootstrapped"
 fi
 mount -t proc proc "$CHROOT/proc"
+# /sys too: ONNX Runtime and llama.cpp read the CPU's topology from it.
+mount --rbind /sys "$CHROOT/sys" && mount --make-rslave "$CHROOT/sys"
 mount --rbind /dev "$CHROOT/dev" && mount --make-rslave "$CHROOT/dev"
 cp /etc/resolv.conf "$CHROOT/etc/resolv.conf"
+mkdir -p "$CHROOT/etc/ssl"
 cp -L /etc/ssl/certs/ca-certificates.crt "$CHROOT/etc/ssl/host-ca.crt" 2>/dev/null ||
     ln -sf certs/ca-certificates.crt "$CHROOT/etc/ssl/host-ca.crt"
 # Sid's mirror may serve a Release file past its Valid-Until for a while: its packages are fine.

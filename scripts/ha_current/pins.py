@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -25,10 +25,26 @@ from packaging.version import Version
 HELPER = "pytest-homeassistant-custom-component"
 
 
-def pypi(name: str, version: str = "") -> dict:
-    url = f"https://pypi.org/pypi/{name}/{version + '/' if version else ''}json"
-    with urllib.request.urlopen(url, timeout=60) as response:
-        return json.load(response)
+def pip(*args: str) -> str:
+    """pip's own answer (its index, its resolver's metadata): the same on PyPI and on a
+    mirror that serves only the simple index."""
+    run = [sys.executable, "-m", "pip", *args]
+    return subprocess.run(run, capture_output=True, text=True, check=True).stdout
+
+
+def versions(name: str) -> list[str]:
+    """Every release of `name`, newest first."""
+    for line in pip("index", "versions", name).splitlines():
+        if line.startswith("Available versions:"):
+            return [v.strip() for v in line.split(":", 1)[1].split(",")]
+    return []
+
+
+def requires(name: str, version: str) -> list[str]:
+    """What `name==version` requires, from its metadata (nothing is installed)."""
+    report = pip("install", "--dry-run", "--ignore-installed", "--no-deps", "-q", "--report",
+                 "-", f"{name}=={version}")
+    return list(json.loads(report)["install"][0]["metadata"].get("requires_dist") or [])
 
 
 def norm(name: str) -> str:
@@ -37,7 +53,7 @@ def norm(name: str) -> str:
 
 def made_for(helper_version: str) -> str:
     """The homeassistant release a helper release pins (each pins exactly one)."""
-    for spec in pypi(HELPER, helper_version)["info"].get("requires_dist") or []:
+    for spec in requires(HELPER, helper_version):
         req = Requirement(spec)
         if norm(req.name) == "homeassistant" and str(req.specifier).startswith("=="):
             return str(req.specifier)[2:]
@@ -45,8 +61,7 @@ def made_for(helper_version: str) -> str:
 
 
 def helper(ha: str) -> None:
-    releases = sorted(pypi(HELPER)["releases"], key=Version, reverse=True)
-    for version in releases[:30]:
+    for version in versions(HELPER)[:30]:
         pinned = made_for(version)
         if pinned and Version(pinned) <= Version(ha):
             print(version, pinned)
@@ -103,15 +118,16 @@ def requirements(ha: str, helper_version: str, project: str, out: str, changes_t
         line = line.partition("#")[0].strip()
         if line:
             take(line, "tests_ha/requirements.txt")
+    listed = set(chosen)  # the project's own: which integrations the tests use
     # The helper's own requirements, at Home Assistant's pins.
-    for spec in pypi(HELPER, helper_version)["info"].get("requires_dist") or []:
+    for spec in requires(HELPER, helper_version):
         if "extra ==" not in spec:
             take(spec.split(";")[0].strip(), f"{HELPER} {helper_version}")
     # The integrations whose requirements the project lists, and what they depend on: what they
     # require at this release and the project does not list is added.
     todo = [
         d for d, m in manifests.items()
-        if any(norm(r.name) in chosen for r in parsed(m.get("requirements", [])))
+        if any(norm(r.name) in listed for r in parsed(m.get("requirements", [])))
     ]
     seen: set[str] = set()
     while todo:
@@ -134,7 +150,7 @@ def requirements(ha: str, helper_version: str, project: str, out: str, changes_t
 def main(argv: list[str]) -> None:
     command, *args = argv
     if command == "newest":
-        print(pypi("homeassistant")["info"]["version"])
+        print(versions("homeassistant")[0])
     elif command == "helper":
         helper(*args)
     elif command == "requirements":

@@ -90,27 +90,27 @@ def _family(result: dict[str, Any], axes: Any) -> None:
         for row in ("voice/llm", "chat/llm"):
             p95 = report["classes"].get(row, {}).get("ttft_ms", {}).get("p95")
             if p95 is not None and phase in ("interactive", "mixed"):
-                rows.setdefault(f"{target}\n{row}", {}).setdefault(phase, []).append(p95 / 1000)
+                label = f"{_label(target)}\n{row}"
+                rows.setdefault(label, {}).setdefault(phase, []).append(p95 / 1000)
     labels = list(rows)
     for offset, phase in ((-0.2, "interactive"), (0.2, "mixed")):
         medians = [_median(rows[label].get(phase, [])) for label in labels]
         axes[0].bar([i + offset for i in range(len(labels))], medians, 0.4,
                     label="alone" if phase == "interactive" else "under the background")
-    axes[0].set_xticks(range(len(labels)), [label.replace("@checkout=", " ") for label in labels],
-                       fontsize=7)
+    axes[0].set_xticks(range(len(labels)), labels, fontsize=7)
     axes[0].set_ylabel("first token p95 (s), median of rounds")
     axes[0].set_title("spoken command and chat turn, alone and under load")
     axes[0].legend(fontsize=8)
     kept: dict[str, list[float]] = {}
     for report in result["reports"]:
+        label = _label(report["target"])
         if report["phase"] == "mixed":
-            kept.setdefault(report["target"], []).append(report["background_llm_tokens_per_s"])
-        if report["phase"] == "background":
-            kept.setdefault(report["target"] + " alone", []).append(
+            kept.setdefault(f"{label}, under load", []).append(
                 report["background_llm_tokens_per_s"])
+        if report["phase"] == "background":
+            kept.setdefault(f"{label}, alone", []).append(report["background_llm_tokens_per_s"])
     names = sorted(kept)
-    axes[1].barh([n.replace("@checkout=", " ") for n in names],
-                 [_median(kept[n]) for n in names])
+    axes[1].barh(names, [_median(kept[n]) for n in names])
     axes[1].set_xlabel("background LLM tokens/s (median of rounds)")
     axes[1].set_title("background work, alone and under the household")
 
@@ -166,6 +166,12 @@ def _gpu(result: dict[str, Any], axes: Any) -> None:
     axes[1].set_xlabel("households")
     axes[1].set_ylabel("worst interactive row within SLO (%)")
     axes[1].legend(fontsize=8)
+
+
+def _label(target: str) -> str:
+    """`fairlane@checkout=/tmp/after` as `fairlane (after)`."""
+    head, _, checkout = target.partition("@checkout=")
+    return f"{head} ({Path(checkout).name})" if checkout else target
 
 
 def _median(values: list[float]) -> float:
