@@ -248,3 +248,21 @@ def test_the_lane_reports_each_remote_and_its_shared_queue(tmp_path) -> None:
             assert set(figures) == {"a", "b"}
             assert figures["a"]["served"] + figures["b"]["served"] == 4
             assert figures["a"]["waiting"] == figures["b"]["waiting"]  # one queue
+
+
+def test_a_remote_that_fails_before_its_first_token_hands_the_request_to_another(
+        tmp_path) -> None:
+    """Failover: the lane's first remote is down (nothing listens on its port); the request it
+    failed before any output goes to the other remote, and the client gets its answer, not an
+    error. The failure still counts against the dead remote's breaker."""
+    with RecordingEngine() as alive:
+        cfg = local_config(tmp_path, [remote("dead", f"http://127.0.0.1:{free_port()}"),
+                                      remote("alive", alive.url.removesuffix("/v1"))])
+        with BackgroundServer(cfg) as server:
+            status, reply = http(server, "POST", "/v1/chat/completions",
+                                 chat("background", "m", "Hi.", 4))
+            assert status == 200, reply
+            assert reply["choices"][0]["message"]["content"] == "Done."
+            figures = http(server, "GET", "/v1/stats")[1]["remotes"]
+            assert figures["dead"]["failed"] == 1 and figures["dead"]["served"] == 0
+            assert figures["alive"]["served"] == 1 and len(alive.bodies) == 1
