@@ -52,9 +52,9 @@ def llama_cpp_server(port: int | None = None) -> ServerProcess:
                          ready_path="/v1/models")
 
 
-def local_config(tmp: Path, remotes: list[dict[str, Any]]) -> config.Config:
+def local_config(tmp: Path, remotes: list[dict[str, Any]], **sections: Any) -> config.Config:
     return config.parse({"server": {"port": 0, "token": TOKEN, "data_dir": str(tmp)},
-                         **LIGHT, "remotes": remotes})
+                         **LIGHT, "remotes": remotes, **sections})
 
 
 def remote(name: str, url: str, **lane: Any) -> dict[str, Any]:
@@ -266,3 +266,24 @@ def test_a_remote_that_fails_before_its_first_token_hands_the_request_to_another
             figures = http(server, "GET", "/v1/stats")[1]["remotes"]
             assert figures["dead"]["failed"] == 1 and figures["dead"]["served"] == 0
             assert figures["alive"]["served"] == 1 and len(alive.bodies) == 1
+
+
+def test_a_summary_whose_remote_is_down_is_made_on_another(tmp_path) -> None:
+    """A summary job (the server's own background work) on a lane whose first remote is down
+    is made on the other one at once, not left pending for the worker's back-off."""
+    with RecordingEngine() as alive:
+        cfg = local_config(tmp_path, [remote("dead", f"http://127.0.0.1:{free_port()}"),
+                                      remote("alive", alive.url.removesuffix("/v1"))],
+                           embed={"enabled": True, "threads": 1})  # the document store's
+        with BackgroundServer(cfg) as server:
+            status, job = http(server, "POST", "/v1/summaries", {
+                "text": "The car insurance renews in June; the premium rises to 640 euros.",
+                "max_words": 20})
+            assert status == 202, job
+            done = wait_for(lambda: (s := http(server, "GET", f"/v1/summaries/{job['id']}")[1])[
+                "status"] != "pending" and s, timeout_s=120)
+            assert done["status"] == "done" and done["result"] == "Done.", done
+            figures = http(server, "GET", "/v1/stats")[1]["remotes"]
+            # Once: the summary went on to the other remote at once (before, the worker's
+            # retries went back to the dead one until its breaker opened, three failures).
+            assert figures["dead"]["failed"] == 1 and figures["alive"]["served"] == 1

@@ -300,26 +300,36 @@ async def remote_generate(
     svc: Services, lane: RemoteLane, messages: list[dict[str, Any]], max_tokens: int,
     priority: Priority, client: str,
 ) -> str:
-    """One LLM turn on the lane, collected (summaries). A remote that fails raises
-    RemoteError: the job stays pending and its worker retries with back-off."""
+    """One LLM turn on the lane, collected (summaries). A remote that fails hands the turn to
+    another of the lane's remotes that is up (nobody reads it as it comes, so it starts again
+    there); with none, RemoteError: the job stays pending and its worker retries with back-off."""
     body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens,
                             "temperature": 0.2, "seed": 0}
     prompt_tokens = await asyncio.to_thread(_prompt_tokens, svc, messages)
     item = Request(f"gen-{uuid.uuid4().hex}", Kind.LLM, priority, client, 0.0,
                    prompt_tokens=prompt_tokens)
+    tried: frozenset[str] = frozenset()
     try:
-        async with lane.slot(item) as engine:
-            body["model"] = engine.config.model or svc.model_name
-            record = svc.telemetry.begin(Kind.LLM, priority, client, prompt_tokens, item.arrival)
-            try:
-                reply = await _assemble(item.id, None, _counted(
-                    svc, lane, item, record, engine.chat(body, item)))
-            finally:
-                if record.finished_at is None:
-                    svc.telemetry.finish(record, svc.device.clock(), outcome="cancelled")
+        while True:
+            async with lane.slot(item, tried) as engine:
+                body["model"] = engine.config.model or svc.model_name
+                record = svc.telemetry.begin(
+                    Kind.LLM, priority, client, prompt_tokens, item.arrival
+                )
+                try:
+                    reply = await _assemble(item.id, None, _counted(
+                        svc, lane, item, record, engine.chat(body, item)))
+                    return str(reply["choices"][0]["message"]["content"] or "").strip()
+                except RemoteError as err:
+                    svc.telemetry.finish(record, svc.device.clock(), outcome="failed")
+                    if not _fails_over(lane, engine.name, tried, err):
+                        raise
+                    tried |= {engine.name}
+                finally:
+                    if record.finished_at is None:
+                        svc.telemetry.finish(record, svc.device.clock(), outcome="cancelled")
     except RemoteRefused as err:
         raise RemoteError(429, f"refused: {err.admission.reason}", "refused") from err
-    return str(reply["choices"][0]["message"]["content"] or "").strip()
 
 
 # --- embeddings ---------------------------------------------------------------------------------

@@ -216,7 +216,10 @@ class RemoteLane:
             preferred = free
         if not preferred:
             return None
-        return max(preferred, key=lambda e: (e.room() / max(1, e.window), e.room()))
+        # Most room for its window; between equals, the one with fewer failures in a row.
+        return max(
+            preferred, key=lambda e: (e.room() / max(1, e.window), -e.breaker.failures, e.room())
+        )
 
     def charge_output(self, request: Request, tokens: int) -> None:
         self.queues[request.priority].charge(
