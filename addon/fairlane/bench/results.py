@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fairlane.runtime.metrics import percentile
+
 SOURCES = {
     "assist": "assist.json",
     "family": "family.json",
@@ -175,8 +177,5 @@ def _label(target: str) -> str:
 
 
 def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    """The median (0 with no values: an empty bar)."""
+    return percentile(values, 50) or 0.0
