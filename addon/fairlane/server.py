@@ -277,6 +277,8 @@ async def stats(request: web.Request) -> web.Response:
     body["steps_window_s"] = window_s
     body["prediction_error"] = prediction_error(records, now, window_s)
     body["host_overhead"] = host_overhead(records, now, window_s)
+    # The CPU LLM's threads now, beside the cores other processes hold (engines.cores).
+    body["llm_threads"] = svc.engine.thread_use()
     # Background steps beside the slice each loop's policy bounds them by. A copy of each
     # loop's records (one C call, atomic): its thread appends to them while this runs.
     body["background_steps"] = {

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from fairlane.engines.cores import CoreShare
 from fairlane.engines.native import import_llama_cpp
 from fairlane.engines.placement import Placement
 from fairlane.engines.prefix_cache import MIN_PREFIX_REUSE, CachedPrefix, PrefixCache, common_prefix
@@ -209,6 +210,10 @@ class LlamaEngine:
         )
         self.sequences: dict[str, Sequence] = {}
         self.threads = threads
+        # On automatic threads, a CPU engine gives a core's thread up while another process
+        # holds that core (fairlane.engines.cores).
+        cpu = self.placement.got == "cpu"
+        self.cores = CoreShare(threads) if cpu and not config.n_threads and threads > 1 else None
 
     # --- model facts -------------------------------------------------------------------------
 
@@ -460,6 +465,8 @@ class LlamaEngine:
         batch.struct.n_tokens = n
         if n == 0:  # only preemptions: nothing to compute
             return StepResult(0.0, ()), []
+        if self.cores is not None:
+            self._use_threads(self.cores.threads())
         start = clock()
         status = lc.llama_decode(self.ctx, batch.struct)
         decoded = clock()
@@ -477,6 +484,18 @@ class LlamaEngine:
             events.append(event)
             outputs.append(SeqOutput(seq.request_id, 1, event.finish_reason is not None))
         return StepResult(clock() - start, tuple(outputs), decoded - start), events
+
+    def thread_use(self) -> dict[str, Any]:
+        """The threads the last step ran on; `others_cores`: the CPU other processes used on
+        this process's cores (automatic threads only; `fixed`: `llm.threads` was set)."""
+        if self.cores is None:
+            return {"threads": self.threads, "fixed": True}
+        return {**self.cores.as_dict(), "threads": self.threads, "fixed": False}
+
+    def _use_threads(self, threads: int) -> None:
+        if threads != self.threads:
+            lc.llama_set_n_threads(self.ctx, threads, threads)
+            self.threads = threads
 
     def _logits(self, outputs: int) -> Any:
         """The last decode's logits, `outputs` rows of the vocabulary, as a numpy view."""
