@@ -391,6 +391,9 @@ def _device_use(device: DeviceLoop, window_s: float) -> dict[str, Any]:
         "background_busy_s_total": {
             kind: round(s, 3) for kind, s in device.background_busy_s.items()
         },
+        # LLM tokens computed per class (prompt and output, each position once; a prompt
+        # half done counts what is done): two reads give a period's work.
+        "class_llm_tokens_total": dict(device.class_llm_tokens),
     }
 
 

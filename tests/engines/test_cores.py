@@ -41,12 +41,14 @@ def test_a_core_is_taken_at_six_tenths_and_given_back_below_a_third(
     assert cores_taken(others, taken) == expected
 
 
-def _proc(busy: dict[int, int], ours: int) -> dict[str, str]:
-    """/proc's two files as the kernel writes them: busy ticks per CPU, and ours."""
+def _proc(busy: dict[int, int], ours: int, running: int = 1) -> dict[str, str]:
+    """/proc's two files as the kernel writes them: busy ticks per CPU, the tasks runnable
+    now, and our ticks."""
     lines = [f"cpu  {sum(busy.values())} 0 0 1000 0 0 0 0 0 0"]
     lines += [f"cpu{n} {ticks} 0 0 1000 0 0 0 0 0 0" for n, ticks in busy.items()]
+    lines += ["intr 0", f"procs_running {running}", "procs_blocked 0"]
     stat = f"1234 (fairlane serve (x)) R 1 1 1 0 -1 0 0 0 0 0 {ours} 0 0 0 20 0 3 0"
-    return {"/proc/stat": "\n".join(lines) + "\nintr 0\n", "/proc/self/stat": stat}
+    return {"/proc/stat": "\n".join(lines) + "\n", "/proc/self/stat": stat}
 
 
 def test_the_threads_follow_what_the_other_processes_use_of_this_process_cores() -> None:
@@ -71,6 +73,27 @@ def test_the_threads_follow_what_the_other_processes_use_of_this_process_cores()
     assert after(1.0, {0: 200, 1: 130, 2: 200}, ours=200) == 1
     assert after(1.0, {0: 300, 1: 140, 2: 300}, ours=300) == 2
     assert share.as_dict() == {"threads": 2, "most": 2, "others_cores": 0.1}
+
+
+def test_after_idle_the_first_step_goes_by_the_tasks_runnable_then() -> None:
+    """What others used while the engine was idle is not taken as now."""
+    now = [0.0]
+    files = _proc({0: 0, 1: 0}, ours=0)
+    share = CoreShare(2, frozenset({0, 1}), 0.25, lambda: now[0], lambda p: files[p])
+    share._ticks_per_s = 100
+    share.threads()
+    # A minute idle, in which another program used a core for half of it; it has stopped.
+    now[0] += 60
+    files = _proc({0: 3000, 1: 0}, ours=0, running=1)  # only the reader runs now
+    assert share.threads() == 2
+    # Another minute, and something runs beside the reader at this instant.
+    now[0] += 60
+    files = _proc({0: 3000, 1: 6000}, ours=0, running=2)
+    assert share.threads() == 1 and share.others == 1.0
+    # The next reading is a measured interval again.
+    now[0] += 0.25
+    files = _proc({0: 3000, 1: 6005}, ours=0, running=2)
+    assert share.threads() == 2 and share.others == pytest.approx(0.2)
 
 
 def test_without_procfs_the_engine_keeps_its_threads() -> None:

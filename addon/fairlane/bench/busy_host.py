@@ -2,7 +2,8 @@
 
 A Home Assistant host always runs something else (Home Assistant itself, a database, a camera
 recorder). Each target is a Fairlane server on the default models; they take turns request by
-request, quiet and busy alternating round by round (A B A B), so a slow minute of the machine
+request (in one order, then the other), quiet and busy alternating round by round (A B A B), so a
+slow minute of the machine
 falls on every target alike. Busy means one neighbour process spinning on a core for the
 length of the sample (`while True: pass`, killed after it; at most 10 minutes whatever
 happens), which is what one busy program does to a 2-core box.
@@ -150,14 +151,18 @@ def busy_host(fixtures: Path, targets: list[str], rounds: int) -> dict[str, Any]
             _chat(server.url, f"Sum up these notes in one line. {NOTE}")
         for r in range(rounds):
             conditions = ("quiet", "busy") if r % 2 == 0 else ("busy", "quiet")
-            for condition in conditions:
+            for c, condition in enumerate(conditions):
+                # The first target after a change of condition runs on a machine that just
+                # changed: the second condition of each round takes the targets the other way
+                # round, so each condition sees each order as often.
+                order = list(servers.items())[:: -1 if c else 1]
                 neighbour = (
                     subprocess.Popen([sys.executable, "-c", NEIGHBOUR])
                     if condition == "busy"
                     else None
                 )
                 try:
-                    for name, server in servers.items():
+                    for name, server in order:
                         spoken = _spoken(server.url, audio[r % len(audio)])
                         chat = _chat(server.url, QUESTIONS[r % len(QUESTIONS)])
                         long = _chat(server.url, f"Sum up these notes in one line. {NOTE}")

@@ -9,9 +9,11 @@ a 120-token prompt 1.5 s on two threads against 1.0-1.1 s on one, a decode step 
 against 34-37 ms; quiet, two threads are 1.7x and 1.5x faster than one.
 
 So an engine on automatic threads (`llm.threads: 0`) asks `CoreShare` before each step: it
-reads, every `interval_s`, how much CPU time the machine's other processes used on this
-process's cores (`/proc/stat` less `/proc/self/stat`, steal time included: a core the
-hypervisor gave away is as gone), and gives the engine the cores they leave. A threshold with
+reads, every `interval_s` (0.25 s) while the engine runs steps, how much CPU time the machine's
+other processes used on this process's cores (`/proc/stat` less `/proc/self/stat`, steal
+time included: a core the hypervisor gave away is as gone), and gives the engine the cores
+they leave. After the engine was idle, what others used meanwhile (another program's burst an
+hour ago) is not taken as now: its first step goes by the tasks runnable at that instant. A threshold with
 a gap (a core is taken at 0.6 of one, given back below 0.35) keeps a neighbour that hovers
 around half a core from switching the engine's threads at every reading.
 """
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+STALE = 4  # intervals without a reading: the engine was idle
 TAKE_AT = 0.6  # of a core used by others: the engine gives up a thread
 GIVE_BACK_BELOW = 0.35  # the engine takes the thread back when others use less than this
 # /proc/stat's per-CPU columns that are not this CPU's idle time: user, nice, system, (idle,
@@ -44,16 +47,21 @@ def cores_taken(others: float, taken: int) -> int:
     return min(taken, max(falling, 0))
 
 
-def _proc_busy(cores: frozenset[int], stat: str) -> int:
-    """Busy clock ticks of `cores`, from /proc/stat's text."""
-    busy = 0
+def _proc_busy(cores: frozenset[int], stat: str) -> tuple[int, int, int]:
+    """From /proc/stat's text: busy clock ticks of `cores`, how many CPUs it lists, and how
+    many tasks are runnable now (`procs_running`, the reader included)."""
+    busy = listed = running = 0
     for line in stat.splitlines():
         name, _, rest = line.partition(" ")
-        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cores:
+        if name == "procs_running":
+            running = int(rest)
+        if not name.startswith("cpu") or name == "cpu":
             continue
-        columns = rest.split()
-        busy += sum(int(columns[i]) for i in BUSY_COLUMNS if i < len(columns))
-    return busy
+        listed += 1
+        if int(name[3:]) in cores:
+            columns = rest.split()
+            busy += sum(int(columns[i]) for i in BUSY_COLUMNS if i < len(columns))
+    return busy, listed, running
 
 
 def _self_busy(stat: str) -> int:
@@ -73,7 +81,7 @@ class CoreShare:
 
     most: int
     cores: frozenset[int] = field(default_factory=lambda: frozenset(os.sched_getaffinity(0)))
-    interval_s: float = 0.5
+    interval_s: float = 0.25
     clock: Callable[[], float] = time.monotonic
     read: Callable[[str], str] = _read
     others: float = 0.0  # cores' worth of CPU the other processes used in the last interval
@@ -90,10 +98,18 @@ class CoreShare:
 
     def _sample(self, now: float) -> None:
         try:
-            busy = _proc_busy(self.cores, self.read("/proc/stat"))
+            busy, listed, running = _proc_busy(self.cores, self.read("/proc/stat"))
             ours = _self_busy(self.read("/proc/self/stat"))
         except (OSError, ValueError, IndexError):  # no procfs (not Linux): all cores, always
             return
+        if self._last is not None and now - self._last[0] > STALE * self.interval_s:
+            # The engine was idle: what others used meanwhile says little about now. Until the
+            # next reading, the tasks runnable at this instant (less this thread) stand for it,
+            # where this process may use every CPU (with fewer, others run elsewhere too).
+            self._last = None
+            if listed == len(self.cores):
+                self.others = float(max(running - 1, 0))
+                self.taken = min(cores_taken(self.others, 0), self.most - 1)
         if self._last is not None:
             when, busy_before, ours_before = self._last
             elapsed_ticks = (now - when) * self._ticks_per_s

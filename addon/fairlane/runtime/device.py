@@ -112,6 +112,11 @@ class DeviceLoop:
         self.interactive_busy_s = 0.0  # in steps that carried voice or chat work
         # In steps that carried background work and nothing else, per engine kind.
         self.background_busy_s = dict.fromkeys((k.value for k in engines), 0.0)
+        # LLM tokens computed per class since start, each position of a sequence once: a
+        # prompt chunk's tokens as they are prefilled (a summary's half-done prompt counts what
+        # is done), a decode's one, and nothing for a preempted sequence's recompute.
+        self.class_llm_tokens = dict.fromkeys((p.label for p in Priority), 0)
+        self._reached: dict[str, int] = {}  # per sequence: the positions computed so far
         self._form_errors_said: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -184,6 +189,7 @@ class DeviceLoop:
         with self._wake:
             sink = self._sinks.pop(request_id, None)
             kind = self._kinds.pop(request_id, None)
+            self._reached.pop(request_id, None)
             if sink is not None:
                 sink(TokenEvent(request_id, "", "cancelled"))
             cancelled = self.policy.cancel(request_id, self.clock())
@@ -232,6 +238,7 @@ class DeviceLoop:
                     _LOGGER.exception("%s: releasing %s after the fault", self.name, request_id)
             self._sinks.clear()
             self._kinds.clear()
+            self._reached.clear()
 
     def _step(self) -> bool:
         """Plan, run and apply one step; False once the loop is stopping."""
@@ -264,13 +271,26 @@ class DeviceLoop:
                 self.interactive_busy_s += end - start
             elif record.classes:
                 self.background_busy_s[record.kind.value] += end - start
+            if isinstance(plan, LlmPlan):
+                self._count_tokens(plan)
             self._hand_off(events)
             for request in finished:
                 self._sinks.pop(request.id, None)
                 self._kinds.pop(request.id, None)
+                self._reached.pop(request.id, None)
                 self.engines[request.kind].release(request.id)
             self._handoff_s = self.clock() - handed
         return True
+
+    def _count_tokens(self, plan: LlmPlan) -> None:
+        for chunk in plan.chunks:
+            if chunk.request_id not in self._kinds:  # cancelled while the step ran
+                continue
+            end = chunk.start + chunk.num_tokens
+            new = end - self._reached.get(chunk.request_id, 0)
+            if new > 0:
+                self.class_llm_tokens[chunk.priority.label] += new
+                self._reached[chunk.request_id] = end
 
     def _hand_off(self, events: list[Any]) -> None:
         """Each event to its request's sink; the sinks that live on an asyncio event loop get
@@ -331,6 +351,7 @@ class DeviceLoop:
         engine forgets it, and its client is told why."""
         sink = self._sinks.pop(request_id, None)
         self._kinds.pop(request_id, None)
+        self._reached.pop(request_id, None)
         self.engines[kind].release(request_id)
         if sink is not None:
             sink(TokenEvent(request_id, "", reason))
