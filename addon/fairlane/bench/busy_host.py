@@ -2,11 +2,10 @@
 
 A Home Assistant host always runs something else (Home Assistant itself, a database, a camera
 recorder). Each target is a Fairlane server on the default models; they take turns request by
-request (in one order, then the other), quiet and busy alternating round by round (A B A B), so a
-slow minute of the machine
-falls on every target alike. Busy means one neighbour process spinning on a core for the
-length of the sample (`while True: pass`, killed after it; at most 10 minutes whatever
-happens), which is what one busy program does to a 2-core box.
+request (in one order, then the other), quiet and busy alternating round by round (A B A B),
+so a slow minute of the machine falls on every target alike. Busy means one neighbour process
+spinning on a core for the length of the sample (`while True: pass`, killed after it; at most
+10 minutes whatever happens), which is what one busy program does to a 2-core box.
 
 Each sample is:
 - **spoken command**: a household command's recording POSTed to /v1/audio/transcriptions as

@@ -13,9 +13,9 @@ reads, every `interval_s` (0.25 s) while the engine runs steps, how much CPU tim
 other processes used on this process's cores (`/proc/stat` less `/proc/self/stat`, steal
 time included: a core the hypervisor gave away is as gone), and gives the engine the cores
 they leave. After the engine was idle, what others used meanwhile (another program's burst an
-hour ago) is not taken as now: its first step goes by the tasks runnable at that instant. A threshold with
-a gap (a core is taken at 0.6 of one, given back below 0.35) keeps a neighbour that hovers
-around half a core from switching the engine's threads at every reading.
+hour ago) is not taken as now: its first step goes by the tasks runnable at that instant. A
+threshold with a gap (a core is taken at 0.6 of one, given back below 0.35) keeps a neighbour
+that hovers around half a core from switching the engine's threads at every reading.
 """
 
 from __future__ import annotations
