@@ -85,6 +85,24 @@ def test_work_conserving_efficiency_scales_background_alone_by_the_share_left() 
     assert "work_conserving" not in row
 
 
+def test_the_server_counted_figure_includes_a_prompt_the_phase_end_cut() -> None:
+    """Clients saw 36 background tokens/s beside the interactive work (a summary's prompt
+    still prefilling at the end counts nothing for them); the server computed 44: 44 / 50 /
+    0.8 = 1.1. A target whose server does not count its tokens has only the clients' figure."""
+    def report(phase: str, bg: float, computed: float | None) -> dict:
+        return {"target": "fairlane", "round": 1, "phase": phase, "interactive_slo_met": 1.0,
+                "classes": {}, "voice_turn_ms": {"p95": None},
+                "background_llm_tokens_per_s": bg, "embedded_tokens_per_s": 0,
+                "background_llm_computed_per_s": computed, "interactive_busy": 0.2}
+
+    (row,) = ratios([report("interactive", 0, 0), report("background", 50, 50),
+                     report("mixed", 36, 44)])
+    assert row["work_conserving"] == 0.9 and row["work_conserving_computed"] == 1.1
+    (row,) = ratios([report("interactive", 0, None), report("background", 50, None),
+                     report("mixed", 36, None)])
+    assert row["work_conserving"] == 0.9 and "work_conserving_computed" not in row
+
+
 def test_all_background_work_weighs_each_lane_by_its_device_share_alone() -> None:
     """Alone, summaries had 70% of the device and documents 30%. Beside the interactive work
     (20% alone) the summaries did 0.5 of their work alone and the documents all of it:

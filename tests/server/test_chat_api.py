@@ -115,8 +115,16 @@ def test_models_health_stats_metrics_and_openapi(server: BackgroundServer) -> No
         "qwen2.5-coder-0.5b-instruct", "whisper-base", "all-minilm-l6-v2", "en_US-joe-medium"
     ]
     assert http(server, "GET", "/health", token=None) == (200, http(server, "GET", "/health")[1])
-    client(server).chat.completions.create(model="x", messages=QUESTION, max_tokens=3)
+    _, before = http(server, "GET", "/v1/stats")
+    reply = client(server).chat.completions.create(model="x", messages=QUESTION, max_tokens=3)
     status, stats = http(server, "GET", "/v1/stats")
+    # Each position computed once: the prompt (less a prefix the cache held) and the tokens
+    # fed back (all the reply's but its last).
+    tokens = (stats["device"]["class_llm_tokens_total"]["chat"]
+              - before["device"]["class_llm_tokens_total"]["chat"])
+    assert reply.usage is not None
+    assert 0 < tokens <= reply.usage.prompt_tokens + reply.usage.completion_tokens - 1
+    assert tokens >= reply.usage.completion_tokens - 1
     assert status == 200 and set(stats["classes"]) == {"voice", "chat", "background"}
     assert stats["classes"]["chat"]["ttft_ms"]["p50"] is not None
     assert stats["steps"] and stats["steps"][-1]["kind"] == "llm"

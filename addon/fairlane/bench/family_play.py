@@ -36,6 +36,9 @@ class Played:
     # the tokens received) and embedded tokens (documents finished), apart: they differ a
     # hundredfold in cost.
     background_llm_tokens: int = 0
+    # A Fairlane target's own count of the background LLM tokens it computed in the phase
+    # (each position once: a summary's prompt half prefilled at the end counts what is done).
+    background_llm_computed: int | None = None
     embedded_tokens: int = 0
     errors: list[str] = field(default_factory=list)
     timed_out: int = 0  # interactive requests still unanswered `give_up_s` after the phase
@@ -135,6 +138,11 @@ class Player:
         self.played.background_busy = {
             kind: round((after[kind] - before.get(kind, 0.0)) / seconds, 3) for kind in after
         }
+        if "class_llm_tokens_total" in end:
+            self.played.background_llm_computed = (
+                end["class_llm_tokens_total"]["background"]
+                - start.get("class_llm_tokens_total", {}).get("background", 0)
+            )
 
     def _spawn(self, target: Callable[..., object], *args: Any) -> threading.Thread:
         thread = threading.Thread(target=self._guard, args=(target, *args), daemon=True)

@@ -48,6 +48,11 @@ def summarize(played: Played, slo: dict[Priority, Slo]) -> dict[str, Any]:
         "interactive_slo_met": round(sum(met) / len(met), 3) if met else None,
         "goodput_per_min": round(60 * sum(met) / played.duration_s, 2),
         "background_llm_tokens_per_s": round(played.background_llm_tokens / played.duration_s, 1),
+        "background_llm_computed_per_s": (
+            round(played.background_llm_computed / played.duration_s, 1)
+            if played.background_llm_computed is not None
+            else None
+        ),
         "embedded_tokens_per_s": round(played.embedded_tokens / played.duration_s),
         "errors": len(played.errors),
         "first_errors": played.errors[:3],
@@ -186,6 +191,12 @@ def ratios(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 whole = _all_background_ratio(row, background)
                 if whole is not None:
                     row["work_conserving_all"] = round(whole / left, 2)
+                # The same from the server's own count of the tokens it computed, which the
+                # phase's end does not cut (a prompt half prefilled counts what is done).
+                computed = (mixed.get("background_llm_computed_per_s"),
+                            (background or {}).get("background_llm_computed_per_s"))
+                if computed[0] is not None and computed[1]:
+                    row["work_conserving_computed"] = round(computed[0] / computed[1] / left, 2)
         out.append(row)
     return out
 
@@ -207,7 +218,8 @@ def format_ratios(rows: list[dict[str, Any]]) -> str:
     header = (
         f"{'target':<16}{'rnd':>4}{'chat TTFT p95 loaded/alone':>28}"
         f"{'voice turn p95 loaded/alone':>29}{'bg LLM mixed/alone':>20}"
-        f"{'embed mixed/alone':>19}{'work-conserving':>17}{'(all bg)':>10}{'interactive SLO':>17}"
+        f"{'embed mixed/alone':>19}{'work-conserving':>17}{'(all bg)':>10}{'(computed)':>12}"
+        f"{'interactive SLO':>17}"
         f"{'bg LLM tok/s':>14}{'embed tok/s':>13}"
     )
     lines = [header, "-" * len(header)]
@@ -220,6 +232,7 @@ def format_ratios(rows: list[dict[str, Any]]) -> str:
             f"{_f(row.get('embedded_ratio'), '.2f'):>19}"
             f"{_f(row.get('work_conserving'), '.2f'):>17}"
             f"{_f(row.get('work_conserving_all'), '.2f'):>10}"
+            f"{_f(row.get('work_conserving_computed'), '.2f'):>12}"
             f"{_f(row['interactive_slo_met'], '.0%'):>17}"
             f"{row['background_llm_tokens_per_s']:>14}{row['embedded_tokens_per_s']:>13}"
         )

@@ -287,7 +287,9 @@ class DeviceLoop:
             if chunk.request_id not in self._kinds:  # cancelled while the step ran
                 continue
             end = chunk.start + chunk.num_tokens
-            new = end - self._reached.get(chunk.request_id, 0)
+            # From the chunk's start (a prefix reused from the cache was not computed), less
+            # what an earlier chunk already computed (a preempted sequence's recompute).
+            new = end - max(chunk.start, self._reached.get(chunk.request_id, 0))
             if new > 0:
                 self.class_llm_tokens[chunk.priority.label] += new
                 self._reached[chunk.request_id] = end
