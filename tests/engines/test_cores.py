@@ -82,17 +82,23 @@ def test_after_idle_the_first_step_goes_by_the_tasks_runnable_then() -> None:
     share = CoreShare(2, frozenset({0, 1}), 0.25, lambda: now[0], lambda p: files[p])
     share._ticks_per_s = 100
     share.threads()
+    # A step of two seconds: no idle spell; the reading across it is what others used.
+    now[0] += 2
+    files = _proc({0: 200, 1: 20}, ours=200, running=3)
+    assert share.threads() == 2 and share.others == pytest.approx(0.1)
+    share.step_ended()
     # A minute idle, in which another program used a core for half of it; it has stopped.
     now[0] += 60
-    files = _proc({0: 3000, 1: 0}, ours=0, running=1)  # only the reader runs now
+    files = _proc({0: 3200, 1: 20}, ours=200, running=1)  # only the reader runs now
     assert share.threads() == 2
+    share.step_ended()
     # Another minute, and something runs beside the reader at this instant.
     now[0] += 60
-    files = _proc({0: 3000, 1: 6000}, ours=0, running=2)
+    files = _proc({0: 3200, 1: 6020}, ours=200, running=2)
     assert share.threads() == 1 and share.others == 1.0
     # The next reading is a measured interval again.
     now[0] += 0.25
-    files = _proc({0: 3000, 1: 6005}, ours=0, running=2)
+    files = _proc({0: 3200, 1: 6025}, ours=200, running=2)
     assert share.threads() == 2 and share.others == pytest.approx(0.2)
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-STALE = 4  # intervals without a reading: the engine was idle
+STALE = 4  # intervals since the last step ended: the engine was idle
 TAKE_AT = 0.6  # of a core used by others: the engine gives up a thread
 GIVE_BACK_BELOW = 0.35  # the engine takes the thread back when others use less than this
 # /proc/stat's per-CPU columns that are not this CPU's idle time: user, nice, system, (idle,
@@ -88,6 +88,7 @@ class CoreShare:
     taken: int = 0
     _last: tuple[float, int, int] | None = None  # when, all busy ticks, our busy ticks
     _ticks_per_s: int = field(default_factory=lambda: os.sysconf("SC_CLK_TCK"))
+    _step_ended: float | None = None
 
     def threads(self) -> int:
         """The engine's threads for the next step (reads /proc at most every `interval_s`)."""
@@ -96,17 +97,24 @@ class CoreShare:
             self._sample(now)
         return max(1, self.most - self.taken)
 
+    def step_ended(self) -> None:
+        """The engine's step is done: until the next, the engine is idle."""
+        self._step_ended = self.clock()
+
     def _sample(self, now: float) -> None:
         try:
             busy, listed, running = _proc_busy(self.cores, self.read("/proc/stat"))
             ours = _self_busy(self.read("/proc/self/stat"))
         except (OSError, ValueError, IndexError):  # no procfs (not Linux): all cores, always
             return
-        if self._last is not None and now - self._last[0] > STALE * self.interval_s:
+        idle = self._step_ended is not None and now - self._step_ended > STALE * self.interval_s
+        if self._last is not None and idle:
             # The engine was idle: what others used meanwhile says little about now. Until the
-            # next reading, the tasks runnable at this instant (less this thread) stand for it,
-            # where this process may use every CPU (with fewer, others run elsewhere too).
-            self._last = None
+            # next reading, the tasks runnable at this instant (less this thread; the engine's
+            # other threads sleep by now) stand for it, where this process may use every CPU
+            # (with fewer, others run elsewhere too). A long step is no idle spell: a reading
+            # across it is what others used while it ran.
+            self._last = self._step_ended = None
             if listed == len(self.cores):
                 self.others = float(max(running - 1, 0))
                 self.taken = min(cores_taken(self.others, 0), self.most - 1)

@@ -470,6 +470,8 @@ class LlamaEngine:
         start = clock()
         status = lc.llama_decode(self.ctx, batch.struct)
         decoded = clock()
+        if self.cores is not None:
+            self.cores.step_ended()
         if status != 0:
             raise EngineError(f"llama_decode failed with status {status} on {n} tokens")
         tokens = self.sampling.sample(sampling, positions, self._logits(len(sampling)))
