@@ -408,6 +408,7 @@ def _step_summary(records: list[StepRecord], last: int = 50) -> list[dict[str, A
             "sequences": len(r.request_ids),
             "prefill_tokens": r.prefill_tokens,
             "decode_seqs": r.decode_seqs,
+            "predicted_ms": round(r.predicted_s * 1000, 2),  # the cost model's, when planned
         }
         for r in records[-last:]
     ]
