@@ -75,6 +75,7 @@ class IterationBuilder:
     context: int = 0
     held: int = 0  # KV cells the running sequences hold; grows with every token added
     budget_s: float | None = None  # the time bound its background work was given
+    switched: bool = False  # right after another engine's step on this loop (cost.switch_ms)
 
     @property
     def token_room(self) -> int:
@@ -90,6 +91,7 @@ class IterationBuilder:
             self.decodes + decodes,
             self.context + context,
             self.held + prefill + decodes,
+            self.switched,
         )
 
     def prefill_room(self, budget_s: float | None, position: int = 0) -> int:
@@ -98,7 +100,7 @@ class IterationBuilder:
         if budget_s is None:
             return self.token_room
         fits = self.cost.prefill_tokens_within(
-            budget_s, self.prefill, self.decodes, self.context, self.held, position
+            budget_s, self.prefill, self.decodes, self.context, self.held, position, self.switched
         )
         return min(self.token_room, fits)
 
@@ -132,6 +134,17 @@ class IterationBuilder:
         self.context += start + num_tokens
         return chunk
 
+    @classmethod
+    def after(cls, policy: Policy, held: int) -> IterationBuilder:
+        """An empty iteration for `policy`'s next LLM step (after whatever engine ran last)."""
+        return cls(
+            policy.cost,
+            policy.config.max_batch_tokens,
+            policy.config.max_num_seqs,
+            held=held,
+            switched=policy.last_kind not in (None, Kind.LLM),
+        )
+
     def plan(self, preempted: list[str]) -> LlmPlan:
         return LlmPlan(
             chunks=tuple(self.chunks),
@@ -140,6 +153,7 @@ class IterationBuilder:
             context_tokens=self.context,
             held_tokens=self.held,
             budget_s=self.budget_s,
+            after_other=self.switched,
         )
 
 
@@ -159,6 +173,7 @@ class Policy(ABC):
         # then (rule 9).
         self._deadlines: list[tuple[float, int, Request]] = []
         self._admitted = itertools.count()
+        self.last_kind: Kind | None = None  # the engine of the last step this loop ran
 
     # --- what subclasses decide -------------------------------------------------------------
 
@@ -281,6 +296,7 @@ class Policy(ABC):
     def update_from_output(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
         """Apply one step's results; returns the requests that finished with it."""
         self.cost.observe(plan, result.elapsed_s)
+        self.last_kind = plan.kind
         seconds = class_seconds(plan, result.elapsed_s)
         self.share.record(seconds, now)
         self._account(plan, seconds, now)

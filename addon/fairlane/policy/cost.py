@@ -42,6 +42,10 @@ class LlmCost:
     prefill_base_ms: float = 0.0  # an iteration that carries a prompt chunk
     attention_ns: float = 0.0  # per decoding sequence per KV cell held by all sequences
     prefill_attention_ns: float = 0.0  # per prompt token per KV cell held by all sequences
+    # An iteration right after another engine's step on the same loop: on a CPU the embedder's
+    # or Whisper's run left the caches cold (a decode after an embedding batch: 33-50 ms
+    # against 25 ms after a decode, docs/history/benchmarks.md).
+    switch_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,7 @@ TERMS: dict[Kind, tuple[str, ...]] = {
         "context_token",
         "attention",
         "prefill_attention",
+        "switch",
     ),
     Kind.EMBED: ("base", "token"),
     Kind.STT: ("base", "utterance", "audio_s"),
@@ -174,7 +179,9 @@ class CostModel:
 
     # --- each engine's terms, in milliseconds as the profile states them --------------------
 
-    def _llm_terms(self, prefill: int, decodes: int, context: int, held: int) -> tuple[float, ...]:
+    def _llm_terms(
+        self, prefill: int, decodes: int, context: int, held: int, switched: bool = False
+    ) -> tuple[float, ...]:
         c = self.profile.llm
         return (
             c.base_ms,
@@ -184,6 +191,7 @@ class CostModel:
             c.context_token_us * context / 1000.0,
             c.attention_ns * decodes * held / 1e6,
             c.prefill_attention_ns * prefill * held / 1e6,
+            c.switch_ms if switched else 0.0,
         )
 
     def _embed_terms(self, padded_tokens: int) -> tuple[float, ...]:
@@ -203,11 +211,18 @@ class CostModel:
     # --- predictions ---------------------------------------------------------------------------
 
     def llm_s(
-        self, prefill_tokens: int, decode_seqs: int, context_tokens: int, held_tokens: int = 0
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        context_tokens: int,
+        held_tokens: int = 0,
+        switched: bool = False,
     ) -> float:
-        """An iteration of this shape; `held_tokens`: KV cells in use by all sequences."""
+        """An iteration of this shape; `held_tokens`: KV cells in use by all sequences;
+        `switched`: right after another engine's step."""
         return self._seconds(
-            Kind.LLM, self._llm_terms(prefill_tokens, decode_seqs, context_tokens, held_tokens)
+            Kind.LLM,
+            self._llm_terms(prefill_tokens, decode_seqs, context_tokens, held_tokens, switched),
         )
 
     def embed_s(self, padded_tokens: int) -> float:
@@ -226,7 +241,11 @@ class CostModel:
     def _terms(self, plan: StepPlan) -> tuple[float, ...]:
         if isinstance(plan, LlmPlan):
             return self._llm_terms(
-                plan.prefill_tokens, plan.decode_seqs, plan.context_tokens, plan.held_tokens
+                plan.prefill_tokens,
+                plan.decode_seqs,
+                plan.context_tokens,
+                plan.held_tokens,
+                plan.after_other,
             )
         if isinstance(plan, EmbedPlan):
             return self._embed_terms(plan.padded_tokens)
@@ -256,12 +275,13 @@ class CostModel:
         context_tokens: int,
         held_tokens: int = 0,
         position: int = 0,
+        switched: bool = False,
     ) -> int:
         """The most extra prefill tokens an iteration can carry and still finish in `budget_s`
         (each new token is held and attended to as well); `position`: where the chunk starts in
         its sequence (a chunk at position p with n tokens adds p + n to the context)."""
         spare_s = budget_s - self.llm_s(
-            prefill_tokens, decode_seqs, context_tokens + position, held_tokens
+            prefill_tokens, decode_seqs, context_tokens + position, held_tokens, switched
         )
         w = self.fits[Kind.LLM].weights
         c = self.profile.llm

@@ -17,12 +17,7 @@ class LlmIteration(Lanes):
         A step owed to background (rule 8) carries background work and the interactive decodes
         (they never miss a token), but no interactive prompt: it is background's slice.
         """
-        batch = IterationBuilder(
-            self.cost,
-            self.config.max_batch_tokens,
-            self.config.max_num_seqs,
-            held=self.held_tokens(),
-        )
+        batch = IterationBuilder.after(self, self.held_tokens())
         preempted: list[str] = []
         if choice.owed:
             decodes = [r for r in self._by_urgency(interactive=True) if r.is_decode]

@@ -186,7 +186,9 @@ class FairlaneScheduler(BatchSteps, LlmIteration):
             context += request.computed_tokens
         if not due:
             return None
-        return min(due) - now - self.cost.llm_s(0, decodes, context, self.held_tokens())
+        # The decode after a step in the slack comes after another engine's: it pays that too.
+        held = self.held_tokens()
+        return min(due) - now - self.cost.llm_s(0, decodes, context, held, switched=True)
 
     # --- admission (rule 9) ------------------------------------------------------------------
 

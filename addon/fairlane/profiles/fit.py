@@ -74,7 +74,7 @@ def _row(point: Point) -> list[float]:
     unit = CostModel(
         CostProfile(
             "unit",
-            LlmCost(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0),
+            LlmCost(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0),
             EmbedCost(1.0, 1.0),
             load("cpu-2core")[0].stt,
         )
@@ -88,6 +88,8 @@ def fit_llm(points: list[Point], without: tuple[str, ...] = ()) -> LlmCost:
     names = TERMS[Kind.LLM]
     if unknown := [name for name in without if name not in names]:
         raise ValueError(f"unknown LLM terms {unknown}; the terms are {', '.join(names)}")
+    # A sweep's steps follow one another on one engine: the switch term is not in them.
+    without = (*without, "switch")
     keep = [i for i, name in enumerate(names) if name not in without]
     rows = np.array([_row(p) for p in points])[:, keep]
     measured = np.array([p.ms for p in points])
@@ -95,7 +97,7 @@ def fit_llm(points: list[Point], without: tuple[str, ...] = ()) -> LlmCost:
     weights = np.zeros(len(names))
     weights[keep] = fitted
     base, prefill_base, prefill_token, decode_seq, context_us, attention_ns, prefill_attention = (
-        weights
+        weights[: names.index("switch")]
     )
     return LlmCost(
         base_ms=_sig(base),
@@ -191,7 +193,8 @@ def fit_profile(
     measured = measured or {}
     start, device = load(base)
     points = [p for path in engine_json for p in llm_points(json.loads(path.read_text()))]
-    llm = fit_llm(points, without)
+    # The switch term (a step right after another engine's) is measured otherwise: kept.
+    llm = replace(fit_llm(points, without), switch_ms=start.llm.switch_ms)
     errors: dict[str, Any] = {"llm": summary(llm_errors(llm, points))}
     errors["llm_by_sweep"] = {
         what: summary(llm_errors(llm, [p for p in points if p.what == what]))
@@ -234,6 +237,9 @@ def fit_profile(
         header.append(f"Speech and synthesis terms: not measured here, from the {base} profile.")
     if without:
         header.append(f"Not fitted (kept at 0): {', '.join(without)}.")
+    if start.llm.switch_ms:
+        header.append(f"The LLM's switch term (a step right after another engine's): from the "
+                      f"{base} profile.")
     header += notes
     data = {
         "name": name,
