@@ -48,7 +48,7 @@ def test_the_cpu_profile_is_the_fit_of_this_machines_sweeps_within_its_stated_er
     stated = yaml.safe_load((PROFILES / "cpu-2core.yaml").read_text())["fit_error"]["llm"]
     points = [p for run in CPU_RUNS for p in llm_points(json.loads(run.read_text()))]
     # Every term but the switch term (a step after another engine's), which no sweep has.
-    fitted = replace(fit_llm(points), switch_ms=profile.llm.switch_ms)
+    fitted = replace(fit_llm(points), switch_share=profile.llm.switch_share)
     assert device == "cpu" and len(CPU_RUNS) == 5 and fitted == profile.llm
     assert {p.what for p in points} == {"prefill", "decode", "context", "occupancy"}
     errors = llm_errors(profile.llm, points)

@@ -75,7 +75,7 @@ class IterationBuilder:
     context: int = 0
     held: int = 0  # KV cells the running sequences hold; grows with every token added
     budget_s: float | None = None  # the time bound its background work was given
-    switched: bool = False  # right after another engine's step on this loop (cost.switch_ms)
+    after_other_s: float = 0.0  # other engines' time since the last LLM step (switch term)
 
     @property
     def token_room(self) -> int:
@@ -91,7 +91,7 @@ class IterationBuilder:
             self.decodes + decodes,
             self.context + context,
             self.held + prefill + decodes,
-            self.switched,
+            self.after_other_s,
         )
 
     def prefill_room(self, budget_s: float | None, position: int = 0) -> int:
@@ -100,7 +100,13 @@ class IterationBuilder:
         if budget_s is None:
             return self.token_room
         fits = self.cost.prefill_tokens_within(
-            budget_s, self.prefill, self.decodes, self.context, self.held, position, self.switched
+            budget_s,
+            self.prefill,
+            self.decodes,
+            self.context,
+            self.held,
+            position,
+            self.after_other_s,
         )
         return min(self.token_room, fits)
 
@@ -142,7 +148,7 @@ class IterationBuilder:
             policy.config.max_batch_tokens,
             policy.config.max_num_seqs,
             held=held,
-            switched=policy.last_kind not in (None, Kind.LLM),
+            after_other_s=policy.after_other_s,
         )
 
     def plan(self, preempted: list[str]) -> LlmPlan:
@@ -153,7 +159,7 @@ class IterationBuilder:
             context_tokens=self.context,
             held_tokens=self.held,
             budget_s=self.budget_s,
-            after_other=self.switched,
+            after_other_s=self.after_other_s,
         )
 
 
@@ -173,7 +179,8 @@ class Policy(ABC):
         # then (rule 9).
         self._deadlines: list[tuple[float, int, Request]] = []
         self._admitted = itertools.count()
-        self.last_kind: Kind | None = None  # the engine of the last step this loop ran
+        # Other engines' step time on this loop since its last LLM step (the switch term).
+        self.after_other_s = 0.0
 
     # --- what subclasses decide -------------------------------------------------------------
 
@@ -296,7 +303,8 @@ class Policy(ABC):
     def update_from_output(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
         """Apply one step's results; returns the requests that finished with it."""
         self.cost.observe(plan, result.elapsed_s)
-        self.last_kind = plan.kind
+        llm = plan.kind is Kind.LLM
+        self.after_other_s = 0.0 if llm else self.after_other_s + result.elapsed_s
         seconds = class_seconds(plan, result.elapsed_s)
         self.share.record(seconds, now)
         self._account(plan, seconds, now)

@@ -42,10 +42,11 @@ class LlmCost:
     prefill_base_ms: float = 0.0  # an iteration that carries a prompt chunk
     attention_ns: float = 0.0  # per decoding sequence per KV cell held by all sequences
     prefill_attention_ns: float = 0.0  # per prompt token per KV cell held by all sequences
-    # An iteration right after another engine's step on the same loop: on a CPU the embedder's
-    # or Whisper's run left the caches cold (a decode after an embedding batch: 33-50 ms
-    # against 25 ms after a decode, docs/history/benchmarks.md).
-    switch_ms: float = 0.0
+    # An iteration right after other engines' steps on the same loop pays this share of their
+    # time again (up to `SWITCH_CAP_S` of it): on a CPU the embedder's or Whisper's run leaves
+    # the caches cold, the more so the longer it ran (a decode after a 15-30 ms embedding step
+    # ~1 ms slower, after a 45 ms one ~12 ms; docs/history/benchmarks.md).
+    switch_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,11 @@ class OnlineFit:
         return refused
 
 
+# Other engines' time beyond this adds nothing to the switch term: the measurements end at
+# ~60 ms steps, and what a cold cache costs cannot grow without bound.
+SWITCH_CAP_S = 0.1
+
+
 def _whole(count: float) -> int:
     """How many whole tokens fit: a budget met exactly (up to the fit's rounding) is met."""
     return math.floor(count + 1e-9)
@@ -180,7 +186,7 @@ class CostModel:
     # --- each engine's terms, in milliseconds as the profile states them --------------------
 
     def _llm_terms(
-        self, prefill: int, decodes: int, context: int, held: int, switched: bool = False
+        self, prefill: int, decodes: int, context: int, held: int, after_other_s: float = 0.0
     ) -> tuple[float, ...]:
         c = self.profile.llm
         return (
@@ -191,7 +197,7 @@ class CostModel:
             c.context_token_us * context / 1000.0,
             c.attention_ns * decodes * held / 1e6,
             c.prefill_attention_ns * prefill * held / 1e6,
-            c.switch_ms if switched else 0.0,
+            c.switch_share * min(after_other_s, SWITCH_CAP_S) * 1000.0,
         )
 
     def _embed_terms(self, padded_tokens: int) -> tuple[float, ...]:
@@ -216,13 +222,15 @@ class CostModel:
         decode_seqs: int,
         context_tokens: int,
         held_tokens: int = 0,
-        switched: bool = False,
+        after_other_s: float = 0.0,
     ) -> float:
         """An iteration of this shape; `held_tokens`: KV cells in use by all sequences;
-        `switched`: right after another engine's step."""
+        `after_other_s`: the time other engines' steps ran since the last LLM step."""
         return self._seconds(
             Kind.LLM,
-            self._llm_terms(prefill_tokens, decode_seqs, context_tokens, held_tokens, switched),
+            self._llm_terms(
+                prefill_tokens, decode_seqs, context_tokens, held_tokens, after_other_s
+            ),
         )
 
     def embed_s(self, padded_tokens: int) -> float:
@@ -245,7 +253,7 @@ class CostModel:
                 plan.decode_seqs,
                 plan.context_tokens,
                 plan.held_tokens,
-                plan.after_other,
+                plan.after_other_s,
             )
         if isinstance(plan, EmbedPlan):
             return self._embed_terms(plan.padded_tokens)
@@ -263,6 +271,10 @@ class CostModel:
         }[kind]
         return base * self.fits[kind].weights[0] / 1000.0
 
+    def switch_share(self) -> float:
+        """The share of other engines' step time the next LLM step pays again, as learned."""
+        return self.fits[Kind.LLM].weights[7] * self.profile.llm.switch_share
+
     def prompt_fixed_s(self) -> float:
         """The fixed cost an LLM iteration pays for carrying a prompt chunk at all."""
         return self.fits[Kind.LLM].weights[1] * self.profile.llm.prefill_base_ms / 1000.0
@@ -275,13 +287,13 @@ class CostModel:
         context_tokens: int,
         held_tokens: int = 0,
         position: int = 0,
-        switched: bool = False,
+        after_other_s: float = 0.0,
     ) -> int:
         """The most extra prefill tokens an iteration can carry and still finish in `budget_s`
         (each new token is held and attended to as well); `position`: where the chunk starts in
         its sequence (a chunk at position p with n tokens adds p + n to the context)."""
         spare_s = budget_s - self.llm_s(
-            prefill_tokens, decode_seqs, context_tokens + position, held_tokens, switched
+            prefill_tokens, decode_seqs, context_tokens + position, held_tokens, after_other_s
         )
         w = self.fits[Kind.LLM].weights
         c = self.profile.llm

@@ -39,9 +39,9 @@ class LlmPlan:
     # How long the policy let its background work make the step (a slice, an ITL budget, or
     # the arrival wait when nobody is talking); None: no time bound, only batch limits.
     budget_s: float | None = None
-    # The step right after another engine's on the same loop (an embedding batch, a
-    # transcription): llama.cpp's threads and caches are cold, and it costs more.
-    after_other: bool = False
+    # How long other engines' steps ran on this loop since the last LLM step (an embedding
+    # batch, a transcription): they leave the caches cold, and the step costs more.
+    after_other_s: float = 0.0
 
     kind = Kind.LLM
 

@@ -186,9 +186,9 @@ class FairlaneScheduler(BatchSteps, LlmIteration):
             context += request.computed_tokens
         if not due:
             return None
-        # The decode after a step in the slack comes after another engine's: it pays that too.
-        held = self.held_tokens()
-        return min(due) - now - self.cost.llm_s(0, decodes, context, held, switched=True)
+        # A step of e seconds in the slack makes the decode after it pay share · e more too.
+        left = min(due) - now - self.cost.llm_s(0, decodes, context, self.held_tokens())
+        return left / (1.0 + self.cost.switch_share())
 
     # --- admission (rule 9) ------------------------------------------------------------------
 

@@ -26,8 +26,8 @@ PROFILE_SCHEMA = vol.Schema(
             vol.Optional("prefill_base_ms", default=0.0): _NUMBER,
             vol.Optional("attention_ns", default=0.0): _NUMBER,
             vol.Optional("prefill_attention_ns", default=0.0): _NUMBER,
-            # A step right after another engine's on the same loop (cost.LlmCost.switch_ms).
-            vol.Optional("switch_ms", default=0.0): _NUMBER,
+            # A step right after other engines' on the same loop (cost.LlmCost.switch_share).
+            vol.Optional("switch_share", default=0.0): _NUMBER,
         },
         vol.Required("embed"): {
             vol.Required("base_ms"): _NUMBER,

@@ -194,7 +194,7 @@ def fit_profile(
     start, device = load(base)
     points = [p for path in engine_json for p in llm_points(json.loads(path.read_text()))]
     # The switch term (a step right after another engine's) is measured otherwise: kept.
-    llm = replace(fit_llm(points, without), switch_ms=start.llm.switch_ms)
+    llm = replace(fit_llm(points, without), switch_share=start.llm.switch_share)
     errors: dict[str, Any] = {"llm": summary(llm_errors(llm, points))}
     errors["llm_by_sweep"] = {
         what: summary(llm_errors(llm, [p for p in points if p.what == what]))
@@ -237,7 +237,7 @@ def fit_profile(
         header.append(f"Speech and synthesis terms: not measured here, from the {base} profile.")
     if without:
         header.append(f"Not fitted (kept at 0): {', '.join(without)}.")
-    if start.llm.switch_ms:
+    if start.llm.switch_share:
         header.append(f"The LLM's switch term (a step right after another engine's): from the "
                       f"{base} profile.")
     header += notes
