@@ -79,7 +79,9 @@ def test_after_idle_the_first_step_goes_by_the_tasks_runnable_then() -> None:
     """What others used while the engine was idle is not taken as now."""
     now = [0.0]
     files = _proc({0: 0, 1: 0}, ours=0)
-    share = CoreShare(2, frozenset({0, 1}), 0.25, lambda: now[0], lambda p: files[p])
+    here = [1]  # this process's runnable threads: the reader
+    share = CoreShare(2, frozenset({0, 1}), 0.25, lambda: now[0], lambda p: files[p],
+                      lambda: here[0])
     share._ticks_per_s = 100
     share.threads()
     # A step of two seconds: no idle spell; the reading across it is what others used.
@@ -91,6 +93,13 @@ def test_after_idle_the_first_step_goes_by_the_tasks_runnable_then() -> None:
     now[0] += 60
     files = _proc({0: 3200, 1: 20}, ours=200, running=1)  # only the reader runs now
     assert share.threads() == 2
+    share.step_ended()
+    # Another minute; this process's speech-to-text threads are still running: not others.
+    now[0] += 60
+    files = _proc({0: 3200, 1: 20}, ours=200, running=3)
+    here[0] = 3
+    assert share.threads() == 2 and share.others == 0.0
+    here[0] = 1
     share.step_ended()
     # Another minute, and something runs beside the reader at this instant.
     now[0] += 60

@@ -13,9 +13,10 @@ reads, every `interval_s` (0.25 s) while the engine runs steps, how much CPU tim
 other processes used on this process's cores (`/proc/stat` less `/proc/self/stat`, steal
 time included: a core the hypervisor gave away is as gone), and gives the engine the cores
 they leave. After the engine was idle, what others used meanwhile (another program's burst an
-hour ago) is not taken as now: its first step goes by the tasks runnable at that instant. A
-threshold with a gap (a core is taken at 0.6 of one, given back below 0.35) keeps a neighbour
-that hovers around half a core from switching the engine's threads at every reading.
+hour ago) is not taken as now: its first step goes by the other processes' tasks runnable at
+that instant. A threshold with a gap (a core is taken at 0.6 of one, given back below 0.35)
+keeps a neighbour that hovers around half a core from switching the engine's threads at every
+reading.
 """
 
 from __future__ import annotations
@@ -75,6 +76,18 @@ def _read(path: str) -> str:
     return Path(path).read_text()
 
 
+def _running_here() -> int:
+    """This process's threads that are runnable now (state R in /proc/self/task/*/stat): the
+    reader, and whatever of the engines' pools, the HTTP loop or another engine still runs."""
+    running = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            running += _read(str(task / "stat")).rpartition(")")[2].split()[0] == "R"
+        except (OSError, IndexError):  # the thread ended meanwhile
+            continue
+    return running
+
+
 @dataclass
 class CoreShare:
     """The threads a CPU engine should run with now (at most `most`, at least one)."""
@@ -84,6 +97,7 @@ class CoreShare:
     interval_s: float = 0.25
     clock: Callable[[], float] = time.monotonic
     read: Callable[[str], str] = _read
+    running_here: Callable[[], int] = _running_here
     others: float = 0.0  # cores' worth of CPU the other processes used in the last interval
     taken: int = 0
     _last: tuple[float, int, int] | None = None  # when, all busy ticks, our busy ticks
@@ -110,13 +124,14 @@ class CoreShare:
         idle = self._step_ended is not None and now - self._step_ended > STALE * self.interval_s
         if self._last is not None and idle:
             # The engine was idle: what others used meanwhile says little about now. Until the
-            # next reading, the tasks runnable at this instant (less this thread; the engine's
-            # other threads sleep by now) stand for it, where this process may use every CPU
-            # (with fewer, others run elsewhere too). A long step is no idle spell: a reading
-            # across it is what others used while it ran.
+            # next reading, the other processes' tasks runnable at this instant stand for it
+            # (this process's own, such as speech-to-text's threads just done or the HTTP
+            # loop, are not a neighbour), where this process may use every CPU (with fewer,
+            # others run elsewhere too). A long step is no idle spell: a reading across it is
+            # what others used while it ran.
             self._last = self._step_ended = None
             if listed == len(self.cores):
-                self.others = float(max(running - 1, 0))
+                self.others = float(max(running - self.running_here(), 0))
                 self.taken = min(cores_taken(self.others, 0), self.most - 1)
         if self._last is not None:
             when, busy_before, ours_before = self._last
