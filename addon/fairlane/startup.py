@@ -90,6 +90,7 @@ def build_services(cfg: config_mod.Config) -> Services:
             n_seq_max=cfg.llm.n_seq_max,
             n_batch=cfg.llm.n_batch,
             n_threads=cfg.llm.threads,
+            give_way=cfg.llm.give_way,
             n_gpu_layers=cfg.llm.gpu_layers,
             prefix_cache_tokens=cfg.engine_cache_tokens,
             grammar_budget_s=cfg.llm.grammar_budget_ms / 1000,

@@ -17,9 +17,8 @@ Each sample is:
 Every prompt starts with a nonce, so no prefix is cached across samples.
 
 Targets (`--targets`, comma-separated): `spin10k` (what `fairlane serve` does: OpenMP barriers
-spin 10,000 rounds, then sleep; llama.cpp gives a thread up while a neighbour holds a core),
-`fixed` (the same with `llm.threads` set to the cores owned, so no thread is given up: what
-`fairlane serve` did before it watched the cores), `spin300k` (libgomp's default, which every
+spin 10,000 rounds, then sleep), `giveway` (the same with `llm.give_way`: llama.cpp gives a
+thread up while a neighbour holds a core), `spin300k` (libgomp's default, which every
 earlier release ran with), `passive` (OMP_WAIT_POLICY=PASSIVE: sleep at once), `threads1`
 (llama.cpp on one thread, default spin), and `shell` (a stand-in for the server before it set
 its own thread environment: `fairlane serve` from a shell without OMP_NUM_THREADS, libgomp's
@@ -48,7 +47,7 @@ from fairlane.runtime.metrics import percentile
 TARGETS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     # name: (environment over the server's own, config sections)
     "spin10k": ({}, {}),
-    "fixed": ({}, {"llm": {"threads": len(os.sched_getaffinity(0))}}),
+    "giveway": ({}, {"llm": {"give_way": True}}),
     "spin300k": ({"GOMP_SPINCOUNT": "300000"}, {}),
     "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, {}),
     "threads1": ({"GOMP_SPINCOUNT": "300000"}, {"llm": {"threads": 1}}),

@@ -91,6 +91,9 @@ class EngineConfig:
     n_seq_max: int = 8
     n_batch: int = 2048
     n_threads: int = 0  # 0: the cores this process may use
+    # On automatic threads, a CPU engine gives a thread up while another process holds one of
+    # its cores (fairlane.engines.cores).
+    give_way: bool = False
     n_gpu_layers: int = 0  # 0: CPU only; -1 or a large number: everything on the GPU
     # Cells kept for finished sequences' tokens, reused by a later prompt that starts the same
     # way (Home Assistant's system prompt and tools, the second call of a tool turn). They are
@@ -210,10 +213,10 @@ class LlamaEngine:
         )
         self.sequences: dict[str, Sequence] = {}
         self.threads = threads
-        # On automatic threads, a CPU engine gives a core's thread up while another process
+        # On automatic threads, a CPU engine may give a core's thread up while another process
         # holds that core (fairlane.engines.cores).
-        cpu = self.placement.got == "cpu"
-        self.cores = CoreShare(threads) if cpu and not config.n_threads and threads > 1 else None
+        adapts = config.give_way and not config.n_threads and threads > 1
+        self.cores = CoreShare(threads) if adapts and self.placement.got == "cpu" else None
 
     # --- model facts -------------------------------------------------------------------------
 
