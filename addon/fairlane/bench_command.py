@@ -340,14 +340,10 @@ def _bench_family(args: argparse.Namespace, threads: int) -> object:
     print(
         f"bench family: {scn.workload.name}, {scn.workload.duration_s:.0f} s a phase, "
         f"targets {', '.join(targets)}, phases {', '.join(phases)}, {args.rounds} rounds, "
-        f"{threads} cores (Fairlane's LLM threads: "
-        f"{threads if args.threads else 'its own choice'}); SLOs as on profile {args.profile}",
+        f"{threads} threads; SLOs as on profile {args.profile}",
         flush=True,
     )
-    result = family(
-        scn.workload, targets, phases, args.rounds, threads, audio,
-        fixed_threads=bool(args.threads),
-    )
+    result = family(scn.workload, targets, phases, args.rounds, threads, audio)
     print()
     print(format_rows(result["reports"]))
     print()

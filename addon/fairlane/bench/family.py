@@ -61,20 +61,15 @@ def family(
     audio_dir: Path | None,
     give_up_s: float = 60.0,
     progress: Callable[[str], None] = print,
-    fixed_threads: bool = False,
 ) -> dict[str, Any]:
-    """Play the workload's phases against every target, rounds interleaved (A B A B).
-
-    `threads`: the cores the stacks may use; a Fairlane server sizes its LLM's threads itself
-    (as it ships: it gives a thread up while another process holds a core) unless
-    `fixed_threads`, when its LLM keeps `threads`."""
+    """Play the workload's phases against every target, rounds interleaved (A B A B)."""
     audio = recordings(workload, audio_dir)
     prompts = Prompts(seed=0)
     reports: list[dict[str, Any]] = []
     fairness: list[dict[str, Any]] = []
     for round_index in range(1, rounds + 1):
         for name in targets:
-            target = start_target(name, threads, fixed_threads)
+            target = start_target(name, threads)
             records: dict[str, Played] = {}
             try:
                 warm_up(target, workload, prompts, audio)

@@ -239,7 +239,7 @@ async def _wyoming_transcribe(port: int, audio: bytes) -> str:
                 return str(Transcript.from_event(event).text)
 
 
-def start_target(name: str, threads: int, fixed_threads: bool = False) -> Target:
+def start_target(name: str, threads: int) -> Target:
     """A target by name; `fairlane:PROFILE` is Fairlane planning with that cost profile (a
     shipped name or a YAML path), and `fairlane@SETTING=VALUE` (repeatable) with a policy
     setting changed, to compare profiles or settings on one load, rounds interleaved;
@@ -256,10 +256,7 @@ def start_target(name: str, threads: int, fixed_threads: bool = False) -> Target
     checkout = settings.pop("checkout", None)
     if settings:
         extra["policy"] = settings
-    llm_threads = threads if fixed_threads else 0  # 0: the server's own choice
-    target = FairlaneTarget(
-        policy, llm_threads, extra or None, Path(checkout) if checkout else None
-    )
+    target = FairlaneTarget(policy, threads, extra or None, Path(checkout) if checkout else None)
     target.name = name
     return target
 
