@@ -16,7 +16,7 @@ from fairlane.bench.family_report import (
     ratios,
     summarize,
 )
-from fairlane.bench.family_targets import target_parts
+from fairlane.bench.family_targets import target_config, target_parts
 from fairlane.policy import Kind, Priority, Slo
 from fairlane.runtime.metrics import RequestRecord
 from fairlane.sim.workload import Job, load
@@ -183,3 +183,10 @@ def test_a_target_may_name_a_profile_and_policy_settings() -> None:
         "fairlane", "cpu-2core", {"forecast_wait_fraction": 0, "slice_ms": 100})
     with pytest.raises(ValueError, match="SETTING=VALUE"):
         target_parts("fairlane@slice_ms")
+    # A dotted setting is another section's: the server's own threads, giving way.
+    assert target_config("fairlane:cpu-2core@llm.threads=0@llm.give_way=true@slice_ms=100") == (
+        "fairlane",
+        {"server": {"profile": "cpu-2core"}, "llm": {"threads": 0, "give_way": True},
+         "policy": {"slice_ms": 100}},
+        None,
+    )

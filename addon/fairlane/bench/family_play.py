@@ -50,6 +50,9 @@ class Played:
     # and in steps that carried interactive work (what work-conserving efficiency reads).
     device_busy: float | None = None
     interactive_busy: float | None = None
+    # The share of the phase's LLM steps run on fewer threads than the server has
+    # (`llm.give_way`: a neighbour held a core); None when the server's threads are fixed.
+    fewer_threads: float | None = None
     background_busy: dict[str, float] = field(default_factory=dict)  # background-only, per kind
 
 
@@ -127,6 +130,13 @@ class Player:
         """The LLM loop's busy shares over the phase's duration, from two reads of its
         counters."""
         seconds = self.now()
+        threads_before, threads_after = before.get("llm_threads", {}), after.get("llm_threads", {})
+        if "steps_on_fewer_threads" in threads_after:
+            steps = threads_after["steps"] - threads_before.get("steps", 0)
+            fewer = threads_after["steps_on_fewer_threads"] - threads_before.get(
+                "steps_on_fewer_threads", 0
+            )
+            self.played.fewer_threads = round(fewer / steps, 3) if steps else 0.0
         start, end = before["device"], after["device"]
         self.played.device_busy = round((end["busy_s_total"] - start["busy_s_total"]) / seconds, 3)
         self.played.interactive_busy = round(

@@ -62,6 +62,7 @@ def summarize(played: Played, slo: dict[Priority, Slo]) -> dict[str, Any]:
         "device_busy": played.device_busy,
         "interactive_busy": played.interactive_busy,
         "background_busy": played.background_busy,
+        "fewer_threads": played.fewer_threads,
     }
 
 
@@ -89,7 +90,8 @@ def format_background_steps(reports: list[dict[str, Any]]) -> str:
     """Per Fairlane server and phase: background-only steps' p50 / p95 (ms) and the p95 over
     the slice, per engine kind, then the same for the steps planned to the slice or less
     (someone was talking) and the p95 of each step over its own time bound; and the LLM loop's
-    busy share (all steps / interactive ones)."""
+    busy share (all steps / interactive ones), with the share of its steps that gave a thread
+    up (`llm.give_way`)."""
     lines = [
         "background steps p50/p95 ms (p95 / slice) | planned to a slice: n, p95 ms (p95 / slice)"
         " | p95 over own bound; LLM loop busy: all / interactive"
@@ -104,6 +106,8 @@ def format_background_steps(reports: list[dict[str, Any]]) -> str:
         )
         where = f"{report['target']:<16}{report['phase']:<12}{report['round']:>3}"
         busy = f"busy {report['device_busy']:.0%} / {report['interactive_busy']:.0%}"
+        if report.get("fewer_threads") is not None:
+            busy += f", {report['fewer_threads']:.0%} of steps on fewer threads"
         lines.append(f"{where}  {busy}  {cells or '-'}")
     return "\n".join(lines)
 

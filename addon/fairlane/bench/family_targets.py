@@ -244,21 +244,32 @@ def start_target(name: str, threads: int) -> Target:
     shipped name or a YAML path), and `fairlane@SETTING=VALUE` (repeatable) with a policy
     setting changed, to compare profiles or settings on one load, rounds interleaved;
     `fairlane@checkout=DIR`: the server's code from another checkout of Fairlane (an earlier
-    commit: `git worktree add DIR COMMIT`), for a before-and-after on one load."""
+    commit: `git worktree add DIR COMMIT`), for a before-and-after on one load; a dotted
+    setting is another section's (`fairlane@llm.give_way=true`)."""
     if name == "separate":
         return SeparateStack(threads)
     if name == "fairlane+remote":
         return RemoteLaneTarget(threads)
+    policy, extra, checkout = target_config(name)
+    target = FairlaneTarget(policy, threads, extra or None, checkout)
+    target.name = name
+    return target
+
+
+def target_config(name: str) -> tuple[str, dict[str, Any], Path | None]:
+    """A Fairlane target's policy, the config sections it sets over the bench's, and the
+    checkout whose server it runs (None: this one)."""
     policy, profile, settings = target_parts(name)
     extra: dict[str, Any] = {}
     if profile:
         extra["server"] = {"profile": profile}
     checkout = settings.pop("checkout", None)
+    for key in [k for k in settings if "." in k]:
+        section, _, setting = key.partition(".")
+        extra.setdefault(section, {})[setting] = settings.pop(key)
     if settings:
         extra["policy"] = settings
-    target = FairlaneTarget(policy, threads, extra or None, Path(checkout) if checkout else None)
-    target.name = name
-    return target
+    return policy, extra, Path(checkout) if checkout else None
 
 
 def target_parts(name: str) -> tuple[str, str, dict[str, Any]]:

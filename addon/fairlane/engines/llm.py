@@ -217,6 +217,8 @@ class LlamaEngine:
         # holds that core (fairlane.engines.cores).
         adapts = config.give_way and not config.n_threads and threads > 1
         self.cores = CoreShare(threads) if adapts and self.placement.got == "cpu" else None
+        if self.cores is not None:
+            self.cores.start()
 
     # --- model facts -------------------------------------------------------------------------
 
@@ -473,8 +475,6 @@ class LlamaEngine:
         start = clock()
         status = lc.llama_decode(self.ctx, batch.struct)
         decoded = clock()
-        if self.cores is not None:
-            self.cores.step_ended()
         if status != 0:
             raise EngineError(f"llama_decode failed with status {status} on {n} tokens")
         tokens = self.sampling.sample(sampling, positions, self._logits(len(sampling)))
@@ -533,6 +533,8 @@ class LlamaEngine:
         return TokenEvent(seq.request_id, text)
 
     def close(self) -> None:
+        if self.cores is not None:
+            self.cores.stop()
         for request_id in list(self.sequences):
             self.release(request_id)
         self.prefixes.close()
