@@ -334,6 +334,49 @@ def test_a_client_returning_from_idle_starts_at_the_minimum_counter() -> None:
     assert order == ["b1", "c1", "a1"]
 
 
+
+def test_one_members_long_prompts_do_not_hold_another_members_turn_behind_them() -> None:
+    """Rule 6 inside a step: a member who keeps long prompts going (a teenager pasting texts)
+    no longer makes a parent's short turn wait for the prefill of those already begun."""
+    policy = make(max_batch_tokens=256)
+    for i in range(4):
+        policy.add(llm(f"t{i}", CHAT, client="teen", prompt=1500, max_tokens=20), 0.0)
+    now = 0.0
+    for _ in range(2):
+        plan, _, now = step(policy, now)
+        assert ids(plan) == ["t0"]  # the teen's first prompt, half-done
+    policy.add(llm("p", CHAT, client="parent", prompt=100, max_tokens=5), now)
+    plan, _, now = step(policy, now)
+    # Before, the half-done prompt took the step (and four more) first.
+    assert ids(plan)[0] == "p" and chunk_of(plan, "p").num_tokens == 100
+    first: dict[str, float] = {}
+    while policy.has_work():
+        plan, _, now = step(policy, now)
+        for chunk in plan.chunks if isinstance(plan, LlmPlan) else ():
+            if chunk.decode:
+                first.setdefault(chunk.request_id, now)
+    assert first["p"] < first["t0"] < first["t1"]
+
+
+def test_one_members_further_prompts_leave_the_watermark_for_another_members_turn() -> None:
+    """Rules 5 and 6: a member running a sequence of a class starts another only where all of
+    it fits beside the watermark, so a parent's turn finds KV without preempting anyone."""
+    policy = make(kv_blocks=100, block_size=16, max_batch_tokens=256)  # 1,600 tokens of KV
+    for i in range(4):
+        policy.add(llm(f"t{i}", CHAT, client="teen", prompt=700, max_tokens=40), 0.0)
+    now = 0.0
+    for _ in range(6):
+        _, _, now = step(policy, now)
+    teen = [r for r in policy.running.values() if r.client == "teen"]
+    assert len(teen) == 2  # a third would have left less than the watermark (10 blocks)
+    assert policy.kv.free_blocks >= policy.config.kv_reserve_blocks
+    policy.add(llm("p", CHAT, client="parent", prompt=100, max_tokens=5), now)
+    plan, _, now = step(policy, now)
+    assert "p" in ids(plan) and isinstance(plan, LlmPlan) and not plan.preempted
+    finished, _ = drain(policy, now)
+    assert [r.id for r in finished][0] == "p"
+    assert {r.id for r in finished} == {"p", "t0", "t1", "t2", "t3"}
+
 # --- Rule 7: adaptive batch windows ----------------------------------------------------------
 
 

@@ -4,6 +4,8 @@ KV budgets. Modelled on vLLM v1's `schedule()`: running sequences first, then wa
 
 from __future__ import annotations
 
+from collections import Counter
+
 from fairlane.policy.base import IterationBuilder
 from fairlane.policy.lanes import INTERACTIVE, LaneChoice, Lanes, as_urgent, less_urgent, tighter
 from fairlane.policy.plan import LlmPlan
@@ -126,21 +128,66 @@ class LlmIteration(Lanes):
         promised: dict[Priority, float | None],
         now: float,
     ) -> None:
-        """Rule 4 for interactive prompts: half-done ones first, then new ones by class and VTC.
+        """Rule 4 for interactive prompts, class by class, members taking turns (rule 6).
 
         An interactive prompt is chunked too, to `arrival_wait_s`: a voice command that arrives
         during a chat prompt's prefill waits for one chunk, not the whole prompt.
         """
-        for request in self._by_urgency(interactive=True):
-            if request.status is Status.RUNNING and not request.is_decode:
-                limit = self._prompt_limit(batch, itl_limits, promised, request.priority)
-                self._add_prefill(request, batch, preempted, limit)
         for priority in INTERACTIVE:
-            queue = self.waiting[Kind.LLM, priority]
             limit = self._prompt_limit(batch, itl_limits, promised, priority)
-            while (waiting := queue.peek()) is not None and waiting.id not in preempted:
-                if not self._add_prefill(waiting, batch, preempted, limit, now):
-                    break
+            waiting_blocked = False
+            for request in self._member_turns(priority):
+                if request.id in preempted:
+                    continue
+                if request.status is Status.RUNNING:
+                    self._add_prefill(request, batch, preempted, limit)
+                elif not waiting_blocked and self._member_may_start(request):
+                    # A waiting prompt that cannot start now keeps its place: none behind it
+                    # in the queue starts before it.
+                    waiting_blocked = not self._add_prefill(request, batch, preempted, limit, now)
+
+    def _member_turns(self, priority: Priority) -> list[Request]:
+        """Rule 6 within a step: a class's prompts, its half-done ones and those waiting (in
+        VTC order), with the members taking turns.
+
+        Each prompt is ranked by how many prompts of its member's in this class come before it
+        (half-done ones, then its member's waiting ones ahead of it; a reply being decoded
+        takes no turn at the prompt); among equal ranks the prompt with the least left to
+        prefill goes first (then half-done before waiting, then by age). One member keeping
+        four long prompts going therefore no longer holds another member's new turn behind
+        all four, nor behind the whole of one: a short turn of someone else is prefilled
+        first. With one member (or none named) the order is the old one: half-done prompts by
+        age, then waiting ones.
+        """
+        running = sorted(
+            (r for r in self.running.values() if r.priority is priority), key=lambda r: r.order
+        )
+        queue = self.waiting[Kind.LLM, priority]
+        depth: Counter[str] = Counter()
+        ranked: list[tuple[int, int, int, int, Request]] = []
+        for request in running:
+            if not request.is_decode:
+                rank = depth[request.client]
+                ranked.append((rank, request.remaining_prefill, 0, request.order, request))
+                depth[request.client] += 1
+        for position, request in enumerate(queue.in_service_order(self.config.max_num_seqs)):
+            rank = depth[request.client]
+            ranked.append((rank, request.remaining_prefill, 1, position, request))
+            depth[request.client] += 1
+        ranked.sort(key=lambda entry: entry[:4])
+        return [entry[4] for entry in ranked]
+
+    def _member_may_start(self, request: Request) -> bool:
+        """Rule 6 beside rule 5: a member who already runs a sequence of an interactive class
+        starts another only when all of its prompt fits beside the watermark (as a background
+        prompt does), so the next turn of someone else in the class finds KV free."""
+        if not request.priority.interactive or not any(
+            r.client == request.client and r.priority is request.priority
+            for r in self.running.values()
+        ):
+            return True
+        tokens = request.kv_tokens(request.target_tokens)
+        return self.kv.can_hold(request.id, tokens, self.config.kv_reserve_blocks)
 
     def _schedule_background(
         self,
