@@ -159,7 +159,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "fairlane:PROFILE plans with another cost profile, fairlane@SETTING=VALUE with a policy "
         "setting changed, e.g. fairlane@slice_ms=100); voice: "
         "`separate` measures Fairlane against wyoming-piper (default fairlane); busy-host: "
-        "spin10k,spin300k,passive,threads1,shell (default all)",
+        "spin10k,giveway,fixed,spin300k,passive,threads1,shell (default all)",
     )
     bench.add_argument(
         "--phases", default="interactive,background,mixed", help="family: phases, comma-separated"

@@ -61,7 +61,7 @@ class LlmConfig:
     n_seq_max: int = 8
     n_batch: int = 512
     threads: int = 0
-    give_way: bool = False
+    give_way: bool = True
     gpu_layers: int = 0
     max_tokens: int = 512
     prefix_cache_tokens: int | None = None

@@ -136,8 +136,8 @@ LLM_SCHEMA = vol.Schema(
         vol.Optional("n_batch", default=512): _count(32),
         vol.Optional("threads", default=0): _count(0),  # 0: one per core this process owns
         # On automatic threads, give a thread up while another process holds a core
-        # (fairlane.engines.cores): off by default, see the README's `llm.give_way`.
-        vol.Optional("give_way", default=False): bool,
+        # (fairlane.engines.cores); see the README's `llm.give_way`.
+        vol.Optional("give_way", default=True): bool,
         vol.Optional("gpu_layers", default=0): vol.All(vol.Coerce(int), vol.Range(min=-1)),
         vol.Optional("max_tokens", default=512): _count(1),  # when a request names none
         # KV cells kept for finished sequences, reused by prompts that start the same way;

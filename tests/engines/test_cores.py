@@ -158,7 +158,7 @@ def test_the_llm_engine_runs_on_the_cores_a_neighbour_leaves_and_answers_the_sam
 ) -> None:
     model = models.resolve_llm("gemma-3-270m")
     engine = LlamaEngine(EngineConfig(model, n_ctx=512, n_seq_max=1, give_way=True))
-    fixed = LlamaEngine(EngineConfig(model, n_ctx=512, n_seq_max=1))  # the default
+    fixed = LlamaEngine(EngineConfig(model, n_ctx=512, n_seq_max=1))  # EngineConfig's default
     try:
         assert engine.cores is not None and fixed.cores is None
         engine.cores.interval_s = 0.2
@@ -170,7 +170,7 @@ def test_the_llm_engine_runs_on_the_cores_a_neighbour_leaves_and_answers_the_sam
                 break
         assert engine.thread_use()["threads"] == len(OWNED) - 1
         assert engine.thread_use()["others_cores"] >= 0.6
-        # By default the count is kept, and the threads change nothing of the answer.
+        # Without giving way the count is kept, and the threads change nothing of the answer.
         assert _greedy(fixed, "The front door is") == outputs[-1] == outputs[0]
         assert fixed.thread_use() == {"threads": len(OWNED), "fixed": True}
     finally:

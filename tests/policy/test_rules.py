@@ -374,7 +374,7 @@ def test_one_members_further_prompts_leave_the_watermark_for_another_members_tur
     plan, _, now = step(policy, now)
     assert "p" in ids(plan) and isinstance(plan, LlmPlan) and not plan.preempted
     finished, _ = drain(policy, now)
-    assert [r.id for r in finished][0] == "p"
+    assert finished[0].id == "p"
     assert {r.id for r in finished} == {"p", "t0", "t1", "t2", "t3"}
 
 # --- Rule 7: adaptive batch windows ----------------------------------------------------------

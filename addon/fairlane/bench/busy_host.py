@@ -17,12 +17,12 @@ Each sample is:
 Every prompt starts with a nonce, so no prefix is cached across samples.
 
 Targets (`--targets`, comma-separated): `spin10k` (what `fairlane serve` does: OpenMP barriers
-spin 10,000 rounds, then sleep), `giveway` (the same with `llm.give_way`: llama.cpp gives a
-thread up while a neighbour holds a core), `spin300k` (libgomp's default, which every
-earlier release ran with), `passive` (OMP_WAIT_POLICY=PASSIVE: sleep at once), `threads1`
-(llama.cpp on one thread, default spin), and `shell` (a stand-in for the server before it set
-its own thread environment: `fairlane serve` from a shell without OMP_NUM_THREADS, libgomp's
-default spin).
+spin 10,000 rounds, then sleep, and with `llm.give_way` on, as by default, llama.cpp gives a
+thread up while a neighbour holds a core), `giveway` (the same, named), `fixed` (the same with
+`llm.give_way: false`: two threads always), `spin300k` (libgomp's default, which every earlier
+release ran with), `passive` (OMP_WAIT_POLICY=PASSIVE: sleep at once), `threads1` (llama.cpp on
+one thread, default spin), and `shell` (a stand-in for the server before it set its own thread
+environment: `fairlane serve` from a shell without OMP_NUM_THREADS, libgomp's default spin).
 The goal (issue 26): busy at most 2x quiet, p50 and p95.
 """
 
@@ -48,6 +48,7 @@ TARGETS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     # name: (environment over the server's own, config sections)
     "spin10k": ({}, {}),
     "giveway": ({}, {"llm": {"give_way": True}}),
+    "fixed": ({}, {"llm": {"give_way": False}}),
     "spin300k": ({"GOMP_SPINCOUNT": "300000"}, {}),
     "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, {}),
     "threads1": ({"GOMP_SPINCOUNT": "300000"}, {"llm": {"threads": 1}}),

@@ -28,7 +28,7 @@ SOURCES = {
     "assist": "assist.json",
     "family": "family.json",
     "remote": "remote.json",
-    "fairness": "fairness.json",
+    "fairness": "fairness-turns.json",
     "gpu": "../../gpu/h200-households.json",  # docs/gpu, where the GPU run put it
 }
 

@@ -134,11 +134,13 @@ class LlmIteration(Lanes):
         during a chat prompt's prefill waits for one chunk, not the whole prompt.
         """
         for priority in INTERACTIVE:
-            limit = self._prompt_limit(batch, itl_limits, promised, priority)
             waiting_blocked = False
             for request in self._member_turns(priority):
                 if request.id in preempted:
                     continue
+                # Asked for each prompt: once the step carries a prompt chunk, it may no longer
+                # grow to a chunk's worth.
+                limit = self._prompt_limit(batch, itl_limits, promised, priority)
                 if request.status is Status.RUNNING:
                     self._add_prefill(request, batch, preempted, limit)
                 elif not waiting_blocked and self._member_may_start(request):
