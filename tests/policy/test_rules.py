@@ -377,6 +377,21 @@ def test_one_members_further_prompts_leave_the_watermark_for_another_members_tur
     assert finished[0].id == "p"
     assert {r.id for r in finished} == {"p", "t0", "t1", "t2", "t3"}
 
+
+def test_a_members_second_turn_still_takes_kv_from_background() -> None:
+    """The watermark of rule 6 counts KV held by less urgent work as free: a member's second
+    chat turn preempts a summary for it, as any interactive turn does (rule 5)."""
+    policy = make(kv_blocks=100, block_size=16, max_batch_tokens=512)
+    policy.add(llm("c1", CHAT, client="a", prompt=100, max_tokens=60), 0.0)
+    _, _, now = step(policy, 0.0)
+    policy.add(llm("doc", BACKGROUND, client="docs", prompt=1300, max_tokens=10), now)
+    for _ in range(4):
+        _, _, now = step(policy, now)
+    assert policy.kv.free_blocks < policy.config.kv_reserve_blocks + 17  # the summary holds KV
+    policy.add(llm("c2", CHAT, client="a", prompt=250, max_tokens=5), now)
+    plan, _, now = step(policy, now)
+    assert isinstance(plan, LlmPlan) and "c2" in ids(plan) and plan.preempted == ("doc",)
+
 # --- Rule 7: adaptive batch windows ----------------------------------------------------------
 
 

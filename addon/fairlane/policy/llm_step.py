@@ -143,7 +143,7 @@ class LlmIteration(Lanes):
                 limit = self._prompt_limit(batch, itl_limits, promised, priority)
                 if request.status is Status.RUNNING:
                     self._add_prefill(request, batch, preempted, limit)
-                elif not waiting_blocked and self._member_may_start(request):
+                elif not waiting_blocked and self._member_may_start(request, batch):
                     # A waiting prompt that cannot start now keeps its place: none behind it
                     # in the queue starts before it.
                     waiting_blocked = not self._add_prefill(request, batch, preempted, limit, now)
@@ -158,8 +158,10 @@ class LlmIteration(Lanes):
         prefill goes first (then half-done before waiting, then by age). One member keeping
         four long prompts going therefore no longer holds another member's new turn behind
         all four, nor behind the whole of one: a short turn of someone else is prefilled
-        first. With one member (or none named) the order is the old one: half-done prompts by
-        age, then waiting ones.
+        first. With one member (or none named) a class's order is the old one: half-done
+        prompts by age, then waiting ones; the classes go voice first, so a new spoken command's
+        prompt now goes before a half-done chat prompt (before, every half-done prompt went
+        first).
         """
         running = sorted(
             (r for r in self.running.values() if r.priority is priority), key=lambda r: r.order
@@ -179,17 +181,23 @@ class LlmIteration(Lanes):
         ranked.sort(key=lambda entry: entry[:4])
         return [entry[4] for entry in ranked]
 
-    def _member_may_start(self, request: Request) -> bool:
+    def _member_may_start(self, request: Request, batch: IterationBuilder) -> bool:
         """Rule 6 beside rule 5: a member who already runs a sequence of an interactive class
         starts another only when all of its prompt fits beside the watermark (as a background
-        prompt does), so the next turn of someone else in the class finds KV free."""
+        prompt does), so the next turn of someone else in the class finds KV free. KV that
+        less urgent work holds counts as free: the new sequence may take it (rule 5)."""
         if not request.priority.interactive or not any(
             r.client == request.client and r.priority is request.priority
             for r in self.running.values()
         ):
             return True
-        tokens = request.kv_tokens(request.target_tokens)
-        return self.kv.can_hold(request.id, tokens, self.config.kv_reserve_blocks)
+        evictable = sum(
+            self.kv.held.get(r.id, 0)
+            for r in self.running.values()
+            if r.priority > request.priority and r.id not in batch.scheduled
+        )
+        needed = self.kv.extra_blocks(request.id, request.kv_tokens(request.target_tokens))
+        return needed <= self.kv.free_blocks + evictable - self.config.kv_reserve_blocks
 
     def _schedule_background(
         self,
