@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from fairlane.bench.family_report import (
     summarize,
 )
 from fairlane.bench.family_targets import target_config, target_parts
+from fairlane.bench.servers import server_config
 from fairlane.policy import Kind, Priority, Slo
 from fairlane.runtime.metrics import RequestRecord
 from fairlane.sim.workload import Job, load
@@ -190,3 +192,15 @@ def test_a_target_may_name_a_profile_and_policy_settings() -> None:
          "policy": {"slice_ms": 100}},
         None,
     )
+
+
+def test_a_bench_server_on_all_the_cores_it_owns_runs_as_it_ships() -> None:
+    """On every core owned the server sizes its own threads (and gives one up while a
+    neighbour holds a core); fewer, as for two servers sharing the cores, are fixed."""
+    owned = len(os.sched_getaffinity(0))
+    assert server_config(8000, owned, 8)["llm"]["threads"] == 0
+    if owned > 1:
+        assert server_config(8000, owned - 1, 8)["llm"]["threads"] == owned - 1
+    config = server_config(8000, owned, 8, {"llm": {"give_way": False}, "remotes": []})
+    assert config["llm"] == {"threads": 0, "n_seq_max": 8, "n_ctx": 8192, "give_way": False}
+    assert config["remotes"] == [] and config["server"]["port"] == 8000

@@ -85,21 +85,32 @@ def fairlane_server(
     """`fairlane serve` on the default model, configured by a temporary YAML file; `checkout`:
     the server's code from another checkout (an earlier commit), on this environment."""
     port = free_port()
+    path = Path(tempfile.mkdtemp()) / "fairlane.yaml"
+    path.write_text(yaml.safe_dump(server_config(port, threads, n_seq_max, extra)))
+    argv = [sys.executable, "-m", "fairlane", "serve", "--config", str(path), "--policy", policy]
+    env = {**os.environ, "PYTHONPATH": str(checkout.resolve() / "addon")} if checkout else None
+    return ServerProcess(argv, port, env)
+
+
+def server_config(
+    port: int, threads: int, n_seq_max: int, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A bench server's config. `threads` equal to the cores this process owns is the
+    server's own choice (`llm.threads: 0`), so it runs as it ships: it sizes its threads and
+    gives one up while a neighbour holds a core (`llm.give_way`); fewer are fixed."""
+    owned = len(os.sched_getaffinity(0))
     cfg: dict[str, Any] = {
         "server": {"port": port, "data_dir": tempfile.mkdtemp(prefix="fairlane-bench-")},
         "wyoming": {"port": 0},
-        "llm": {"threads": threads, "n_seq_max": n_seq_max, "n_ctx": 8192},
+        "llm": {"threads": 0 if threads == owned else threads, "n_seq_max": n_seq_max,
+                "n_ctx": 8192},
     }
     for section, values in (extra or {}).items():
         if isinstance(values, dict):
             cfg.setdefault(section, {}).update(values)
         else:  # a list section (`remotes`)
             cfg[section] = values
-    path = Path(tempfile.mkdtemp()) / "fairlane.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    argv = [sys.executable, "-m", "fairlane", "serve", "--config", str(path), "--policy", policy]
-    env = {**os.environ, "PYTHONPATH": str(checkout.resolve() / "addon")} if checkout else None
-    return ServerProcess(argv, port, env)
+    return cfg
 
 
 @dataclass
