@@ -163,17 +163,17 @@ class LlmIteration(Lanes):
         prompt now goes before a half-done chat prompt (before, every half-done prompt went
         first).
         """
-        running = sorted(
-            (r for r in self.running.values() if r.priority is priority), key=lambda r: r.order
+        half_done = sorted(
+            (r for r in self.running.values() if r.priority is priority and not r.is_decode),
+            key=lambda r: r.order,
         )
         queue = self.waiting[Kind.LLM, priority]
         depth: Counter[str] = Counter()
         ranked: list[tuple[int, int, int, int, Request]] = []
-        for request in running:
-            if not request.is_decode:
-                rank = depth[request.client]
-                ranked.append((rank, request.remaining_prefill, 0, request.order, request))
-                depth[request.client] += 1
+        for request in half_done:
+            rank = depth[request.client]
+            ranked.append((rank, request.remaining_prefill, 0, request.order, request))
+            depth[request.client] += 1
         for position, request in enumerate(queue.in_service_order(self.config.max_num_seqs)):
             rank = depth[request.client]
             ranked.append((rank, request.remaining_prefill, 1, position, request))
