@@ -19,6 +19,8 @@ import pytest
 
 from fairlane.bench.servers import free_port
 from fairlane.documents.text import chunk
+from fairlane.documents.workers import summary_pieces
+from fairlane.policy import Kind, Priority
 from fairlane.server import BackgroundServer
 from tests.server.conftest import MODEL_WAIT_S, pdf_bytes, wait_for
 from tests.server.test_chat_api import http
@@ -265,7 +267,7 @@ def test_a_cold_backup_restores_every_acknowledged_document(tmp_path) -> None:
 # --- summaries ---------------------------------------------------------------------------------
 
 
-def _wait_summary(server, summary_id: str, timeout: float = 300) -> dict:
+def _wait_summary(server, summary_id: str, timeout: float = MODEL_WAIT_S) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status, body = http(server, "GET", f"/v1/summaries/{summary_id}")
@@ -293,12 +295,44 @@ def test_a_summary_job_runs_in_the_background_and_is_stored(server) -> None:
     assert as_job["kind"] == "summary" and as_job["result"] == done["result"]
 
 
-def test_a_long_text_is_summarised_map_reduce(server) -> None:
-    text = " ".join(CORPUS.values()) * 4  # more than one piece of 1,500 tokens
+def _summary_turns(server, text: str, max_words: int) -> tuple[dict, set[str]]:
+    """A summary of `text`, and the LLM turns the summariser ran for it (read from the
+    device's step records: the background sequences that were not there before)."""
+    before = {rid for r in server.services.device.records for rid in r.request_ids}
     _, job = http(server, "POST", "/v1/summaries", {"text": text, "style": "bullets",
-                                                         "max_words": 40})
+                                                    "max_words": max_words})
     done = _wait_summary(server, job["id"])
+    turns = {
+        rid
+        for r in server.services.device.records
+        if r.kind is Kind.LLM and Priority.BACKGROUND in r.classes
+        for rid in r.request_ids
+        if rid not in before
+    }
+    return done, turns
+
+
+def test_a_text_one_turn_can_hold_is_summarised_in_that_turn(server) -> None:
+    # More than the fixed 1,500-token pieces of before (two pieces and their reduction: three
+    # turns), well within what a background turn may hold here (n_ctx 4096).
+    text = " ".join(CORPUS.values()) * 6
+    tokens = len(server.services.engine.tokenize(text))
+    assert 1500 < tokens < server.services.device.policy_for(Kind.LLM).capacity_tokens(
+        Priority.BACKGROUND) - 300
+    done, turns = _summary_turns(server, text, 40)
     assert done["status"] == "done" and done["result"]
+    assert len(turns) == 1
+
+
+def test_a_text_longer_than_a_turn_is_summarised_map_reduce(server) -> None:
+    capacity = server.services.device.policy_for(Kind.LLM).capacity_tokens(Priority.BACKGROUND)
+    text = " ".join(CORPUS.values()) * 12
+    assert len(server.services.engine.tokenize(text)) > capacity
+    done, turns = _summary_turns(server, text, 40)
+    assert done["status"] == "done" and done["result"]
+    pieces = summary_pieces(len(server.services.engine.tokenize(text)), 80, capacity)
+    assert pieces >= 2
+    assert len(turns) == pieces + 1  # the pieces, then their reduction
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fairlane.documents.workers import TURN_OVERHEAD_TOKENS, summary_pieces
 from fairlane.policy import Kind, Priority
 from fairlane.sim import default_workload
-from fairlane.sim.workload import WORKLOAD_SCHEMA, Sampler, build, load
+from fairlane.sim.workload import WORKLOAD_SCHEMA, Sampler, build, load, summary_jobs
 
 
 def test_family_workload_has_every_kind_of_household_work() -> None:
@@ -95,6 +96,19 @@ def test_a_backlog_with_in_flight_and_a_closed_loop_client_become_loops() -> Non
     chat = loops["teen-0"]
     assert chat.until == 60 and chat.units[0][0].priority is Priority.CHAT
     assert workload.cut(30).loops[-1].until == 30
+
+
+def test_a_summary_is_one_turn_where_it_fits_and_else_the_fewest_pieces_that_fit() -> None:
+    # As the server's summariser cuts it: one turn while text, instruction and reply fit the
+    # turn's capacity; beyond it the fewest pieces that fit, each with room to spare.
+    assert [j.prompt_tokens for j in summary_jobs("s", 5000, 100, capacity=5520)] == [5000]
+    pieces = summary_jobs("s", 9000, 100, capacity=5520)
+    assert len(pieces) == summary_pieces(9000, 100, 5520) == 2
+    assert all(j.prompt_tokens + TURN_OVERHEAD_TOKENS + j.output_tokens <= 5520 for j in pieces)
+    reduction = pieces[-1].then
+    assert reduction is not None and reduction.prompt_tokens == 2 * pieces[0].output_tokens
+    # Where the turn's capacity is not known (a remote lane), pieces of 1,500 tokens.
+    assert len(summary_jobs("s", 5000, 100)) == 4
 
 
 def test_the_simulator_keeps_a_closed_loop_clients_requests_in_flight() -> None:

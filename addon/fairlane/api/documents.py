@@ -13,7 +13,7 @@ import numpy as np
 import voluptuous as vol
 from aiohttp import web
 
-from fairlane.api.chat import generate
+from fairlane.api.chat import capacity, generate
 from fairlane.api.common import (
     INDEXER,
     PRIORITY_NAMES,
@@ -30,6 +30,7 @@ from fairlane.api.common import (
 )
 from fairlane.api.embeddings import embed_all
 from fairlane.api.openapi import WHOLE, operation
+from fairlane.api.remote import lane_for
 from fairlane.documents.store import DocumentStore, progress
 from fairlane.documents.text import DocumentError, chunk, extract_text
 from fairlane.documents.workers import Busy, index_forever, summarise_forever
@@ -281,8 +282,18 @@ async def start_workers(app: web.Application) -> None:
     )
     if svc.template is not None:
         summariser = svc.components["summariser"] = Component("summariser")
+        def turn_capacity() -> int | None:  # a remote lane's is its own, not known here
+            if lane_for(svc, Priority.BACKGROUND) is not None:
+                return None
+            return capacity(svc, Priority.BACKGROUND)
+
         work = functools.partial(
-            summarise_forever, svc.documents, summary_turn, svc.engine.tokenize, svc.summary_wakeup
+            summarise_forever,
+            svc.documents,
+            summary_turn,
+            svc.engine.tokenize,
+            svc.summary_wakeup,
+            capacity=turn_capacity,
         )
         app[SUMMARISER] = asyncio.create_task(supervise(summariser, work))
 

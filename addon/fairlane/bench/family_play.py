@@ -40,6 +40,9 @@ class Played:
     # (each position once: a summary's prompt half prefilled at the end counts what is done).
     background_llm_computed: int | None = None
     embedded_tokens: int = 0
+    # Summaries whose last turn (the one turn, or the reduction of the pieces) finished within
+    # the phase: the work a household sees done, whatever turns it took.
+    summaries_done: int = 0
     errors: list[str] = field(default_factory=list)
     timed_out: int = 0  # interactive requests still unanswered `give_up_s` after the phase
     # A Fairlane target's cost-model error over the phase, by device loop and step kind
@@ -77,6 +80,7 @@ class Player:
         self.stop_background = threading.Event()
         self.abandon = threading.Event()
         self._lock = threading.Lock()
+        self._finished: set[int] = set()  # the jobs that finished within the phase (by id)
         self._t0 = 0.0
 
     def now(self) -> float:
@@ -180,6 +184,12 @@ class Player:
             pieces = [self._spawn(self._job, job) for job in unit]
             for piece in pieces:
                 piece.join()
+            last = unit[-1]
+            while last.then is not None:
+                last = last.then
+            if last.group == "summary" and id(last) in self._finished:
+                with self._lock:
+                    self.played.summaries_done += 1
 
     def _stop_for(self, job: Job) -> threading.Event:
         return self.abandon if job.priority.interactive else self.stop_background
@@ -212,6 +222,7 @@ class Player:
                     self.played.background_llm_tokens += job.prompt_tokens + len(received)
         if timing.error is None and not self._stop_for(job).is_set():
             record.finished_at = self.now()
+            self._finished.add(id(job))
             if job.then is not None:
                 self._job(job.then)
         elif timing.error:

@@ -21,10 +21,20 @@ from fairlane.runtime.components import Component
 
 _LOGGER = logging.getLogger(__name__)
 
-# A longer text is summarised in pieces of at most this many tokens (map), then the pieces'
-# summaries together (reduce): every turn fits the context, and the pieces batch together.
-SUMMARY_PIECE_TOKENS = 1500
+# A text that one background turn can hold is summarised in that turn. A longer one in pieces
+# (map), then the pieces' summaries together (reduce). Each piece beyond the first costs its
+# fixed part on top of its tokens: its own instruction, a reply decoded for it, and the reduce
+# turn over the replies. The cost model prices a 2,500-token text at 20 s in one turn and 27 s
+# as two pieces and their reduction on this CPU's profile (cpu-2core), 0.7 s and 1.4 s on
+# h200's, where the reduction's decode is most of a summary's time. So the fewest pieces that
+# fit are the cheapest, and they are as large as the turn allows: the policy's capacity for a
+# background request.
 SUMMARY_PIECE_WORDS = 80
+# A piece's text where the turn's capacity is not known (a remote lane serves the summaries).
+SUMMARY_PIECE_TOKENS = 1500
+# Beside its text a summary turn holds its system prompt, its instruction and the chat
+# template's markers (48 tokens with Qwen2.5's template): twice that is kept for them.
+TURN_OVERHEAD_TOKENS = 96
 
 # Background work on the device: embed chunks' token ids; answer a chat turn in at most n tokens.
 Embed = Callable[[list[list[int]]], Awaitable[list[np.ndarray]]]
@@ -63,17 +73,33 @@ async def index_forever(
         health.ok()
 
 
+def summary_pieces(text_tokens: int, reply_tokens: int, capacity: int | None) -> int:
+    """How many pieces a text of `text_tokens` is summarised in (1: one turn, no map-reduce):
+    the fewest whose turns fit `capacity` tokens each (prompt and reply), or pieces of
+    `SUMMARY_PIECE_TOKENS` where the capacity is not known."""
+    if capacity is None:
+        return 1 if text_tokens <= SUMMARY_PIECE_TOKENS else -(-text_tokens // SUMMARY_PIECE_TOKENS)
+    if text_tokens <= capacity - TURN_OVERHEAD_TOKENS - reply_tokens:
+        return 1
+    # Pieces are cut by characters, and a text's tokens per character vary along it: each
+    # piece is planned a tenth under its room so that none overflows its turn.
+    room = int(0.9 * (capacity - TURN_OVERHEAD_TOKENS - 2 * SUMMARY_PIECE_WORDS))
+    return max(2, -(-text_tokens // max(room, 1)))
+
+
 async def summarize(
     generate: Generate,
     tokenize: Callable[[str], list[int]],
     text: str,
     style: str,
     max_words: int,
+    capacity: int | None = None,
 ) -> str:
-    """Map-reduce: long text is summarised in pieces (batched together), then the pieces."""
+    """One turn for a text that fits a turn of `capacity` tokens; longer text map-reduce: in
+    the fewest pieces that fit (their turns batch together), then the pieces' summaries."""
     tokens = await asyncio.to_thread(tokenize, text)
-    if len(tokens) > SUMMARY_PIECE_TOKENS:
-        pieces = max(2, -(-len(tokens) // SUMMARY_PIECE_TOKENS))
+    pieces = summary_pieces(len(tokens), 2 * max_words, capacity)
+    if pieces > 1:
         size = -(-len(text) // pieces)
         parts = await asyncio.gather(
             *(
@@ -107,8 +133,10 @@ async def summarise_forever(
     tokenize: Callable[[str], list[int]],
     wakeup: asyncio.Event,
     health: Component,
+    capacity: Callable[[], int | None] = lambda: None,
 ) -> None:
-    """Run pending summary jobs (after a restart too: a job is done only once it is stored)."""
+    """Run pending summary jobs (after a restart too: a job is done only once it is stored);
+    `capacity`: the tokens one summary turn may hold (None: not known)."""
     while True:
         wakeup.clear()  # before the read, as the indexer does
         pending = await asyncio.to_thread(store.pending_summaries)
@@ -119,7 +147,7 @@ async def summarise_forever(
         for job in pending:
             try:
                 result = await summarize(
-                    generate, tokenize, job["text"], job["style"], job["max_words"]
+                    generate, tokenize, job["text"], job["style"], job["max_words"], capacity()
                 )
                 error = None
             except (RuntimeError, ValueError) as err:

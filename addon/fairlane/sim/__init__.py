@@ -35,13 +35,18 @@ def scenario(
 ) -> Scenario:
     """A workload on a profile, with the workload's SLOs scaled for the profile (CPU: ×8);
     `homes` households living it at once on the one device."""
-    workload = load_workload(workload_path) if homes == 1 else households(workload_path, homes)
+    # The budgets `fairlane serve` gives the policy with its default engine: a simulated table
+    # is a claim about the server that ships (its summaries cut as the server cuts them).
+    base = config or Config().serving_policy("gpu")
+    capacity = base.capacity_tokens(Priority.BACKGROUND)
+    workload = (
+        load_workload(workload_path, capacity)
+        if homes == 1
+        else households(workload_path, homes, capacity)
+    )
     if duration_s is not None:
         workload = workload.cut(duration_s)
     _, device = load_profile(profile)
-    # The budgets `fairlane serve` gives the policy with its default engine: a simulated table
-    # is a claim about the server that ships.
-    base = config or Config().serving_policy("gpu")
     slos = dict(base.slo)
     slos.update(workload.slo)
     scaled = replace(base, slo=slos)

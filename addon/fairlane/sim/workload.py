@@ -28,7 +28,7 @@ from typing import Any
 import voluptuous as vol
 import yaml
 
-from fairlane.documents.workers import SUMMARY_PIECE_TOKENS, SUMMARY_PIECE_WORDS
+from fairlane.documents.workers import SUMMARY_PIECE_WORDS, summary_pieces
 from fairlane.policy import Kind, Priority, Slo
 
 Z95 = 1.6448536269514722  # the standard normal's 95th percentile
@@ -244,16 +244,18 @@ class Sampler:
         return sorted(times)
 
 
-def load(path: str | Path) -> Workload:
-    """Read and validate a workload file into jobs (deterministic for the file's seed)."""
+def load(path: str | Path, summary_capacity: int | None = None) -> Workload:
+    """Read and validate a workload file into jobs (deterministic for the file's seed);
+    `summary_capacity`: the tokens the server lets one summary turn hold (its pieces follow
+    from it, as the server's summariser cuts them; None: pieces of the remote lane's size)."""
     try:
         data = WORKLOAD_SCHEMA(yaml.safe_load(Path(path).read_text()))
     except vol.Invalid as err:
         raise ValueError(f"workload {path}: {err}") from err
-    return build(data, Path(path).parent)
+    return build(data, Path(path).parent, summary_capacity)
 
 
-def households(path: str | Path, count: int) -> Workload:
+def households(path: str | Path, count: int, summary_capacity: int | None = None) -> Workload:
     """`count` homes living the same kind of evening on one device: the workload drawn `count`
     times (seeds `seed`, `seed + 1`, …), each home's members and spoken turns its own, and each
     home's shared prompt prefix (its own Home Assistant's system prompt) its own."""
@@ -264,7 +266,10 @@ def households(path: str | Path, count: int) -> Workload:
     except vol.Invalid as err:
         raise ValueError(f"workload {path}: {err}") from err
     base = Path(path).parent
-    homes = [build({**data, "seed": data["seed"] + home}, base) for home in range(count)]
+    homes = [
+        build({**data, "seed": data["seed"] + home}, base, summary_capacity)
+        for home in range(count)
+    ]
     if count == 1:
         return homes[0]
     turns = 1 + max((j.turn for w in homes for j in w.jobs), default=0)
@@ -309,7 +314,9 @@ def _recordings(folder: Path) -> list[tuple[str, float]]:
     return found
 
 
-def build(data: dict[str, Any], base: Path | None = None) -> Workload:
+def build(
+    data: dict[str, Any], base: Path | None = None, summary_capacity: int | None = None
+) -> Workload:
     sampler = Sampler(data["seed"])
     duration = data["duration_s"]
     classes = data["classes"]
@@ -412,6 +419,7 @@ def build(data: dict[str, Any], base: Path | None = None) -> Workload:
                     summaries["client"],
                     sampler.tokens(summaries["prompt_tokens"]),
                     sampler.tokens(summaries["output_tokens"]),
+                    summary_capacity,
                 )
             )
             for _ in range(summaries["count"])
@@ -480,13 +488,16 @@ def _closed_loop(name: str, spec: dict[str, Any], sampler: Sampler, duration: fl
     return Loop(name, spec["in_flight"], tuple(units), until=duration)
 
 
-def summary_jobs(client: str, prompt_tokens: int, output_tokens: int) -> list[Job]:
-    """A summary as the server runs it: a long text in pieces (their turns batch together),
-    then one turn over the pieces' summaries, which starts when the last piece is done."""
+def summary_jobs(
+    client: str, prompt_tokens: int, output_tokens: int, capacity: int | None = None
+) -> list[Job]:
+    """A summary as the server runs it: one turn if it fits a turn of `capacity` tokens, else
+    the text in pieces (their turns batch together), then one turn over the pieces'
+    summaries, which starts when the last piece is done."""
     whole = Job(0.0, "summary", Kind.LLM, Priority.BACKGROUND, client, prompt_tokens, output_tokens)
-    if prompt_tokens <= SUMMARY_PIECE_TOKENS:
+    count = summary_pieces(prompt_tokens, output_tokens, capacity)
+    if count == 1:
         return [whole]
-    count = max(2, math.ceil(prompt_tokens / SUMMARY_PIECE_TOKENS))
     piece_output = 2 * SUMMARY_PIECE_WORDS  # the server's reply cap for a piece
     reduce = replace(whole, prompt_tokens=count * piece_output)
     size = math.ceil(prompt_tokens / count)
