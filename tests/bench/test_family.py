@@ -150,7 +150,9 @@ def test_a_small_evening_against_the_real_server(tmp_path) -> None:
             "chat": {"clients": ["b"], "arrivals": {"poisson": {"per_min": 20}},
                      "prompt_tokens": 60, "output_tokens": 4},
             "background": {"documents": {"count": 50, "tokens_per_doc": 300,
-                                         "chunk_tokens": 128, "in_flight": 1}},
+                                         "chunk_tokens": 128, "in_flight": 1},
+                           "summaries": {"count": 20, "prompt_tokens": 100,
+                                         "output_tokens": 4, "in_flight": 1}},
         },
         "cpu_slo_scale": 8,
     }))
@@ -165,6 +167,10 @@ def test_a_small_evening_against_the_real_server(tmp_path) -> None:
             assert row["finished"] >= 1
     assert report["voice_turn_ms"]["p50"] is not None
     assert report["embedded_tokens_per_s"] > 0
+    # Summaries finished, and their texts' tokens (a summary is counted once its last turn ends).
+    assert report["summaries_per_min"] > 0
+    assert report["summarised_tokens_per_s"] == pytest.approx(
+        report["summaries_per_min"] / 60 * 100, rel=0.01)
     # The server's cost-model error, printed beside the SLO table.
     (errors,) = report["prediction_error"].values()
     assert errors["decode"]["steps"] > 0 and errors["embed"]["steps"] > 0

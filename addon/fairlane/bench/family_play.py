@@ -43,6 +43,7 @@ class Played:
     # Summaries whose last turn (the one turn, or the reduction of the pieces) finished within
     # the phase: the work a household sees done, whatever turns it took.
     summaries_done: int = 0
+    summarised_tokens: int = 0  # their texts' tokens (the pieces' together)
     errors: list[str] = field(default_factory=list)
     timed_out: int = 0  # interactive requests still unanswered `give_up_s` after the phase
     # A Fairlane target's cost-model error over the phase, by device loop and step kind
@@ -190,6 +191,7 @@ class Player:
             if last.group == "summary" and id(last) in self._finished:
                 with self._lock:
                     self.played.summaries_done += 1
+                    self.played.summarised_tokens += sum(job.prompt_tokens for job in unit)
 
     def _stop_for(self, job: Job) -> threading.Event:
         return self.abandon if job.priority.interactive else self.stop_background

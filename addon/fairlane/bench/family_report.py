@@ -55,6 +55,7 @@ def summarize(played: Played, slo: dict[Priority, Slo]) -> dict[str, Any]:
         ),
         "embedded_tokens_per_s": round(played.embedded_tokens / played.duration_s),
         "summaries_per_min": round(60 * played.summaries_done / played.duration_s, 2),
+        "summarised_tokens_per_s": round(played.summarised_tokens / played.duration_s, 1),
         "errors": len(played.errors),
         "first_errors": played.errors[:3],
         "timed_out": played.timed_out,
@@ -148,7 +149,8 @@ def format_rows(reports: list[dict[str, Any]]) -> str:
                 f"{report['target']:<16}{report['phase']:<12}{report['round']:>4}"
                 f"{'background':>17}: {report['background_llm_tokens_per_s']} LLM tokens/s, "
                 f"{report['embedded_tokens_per_s']} embedded tokens/s done, "
-                f"{_f(report.get('summaries_per_min'), '.1f')} summaries/min finished"
+                f"{_f(report.get('summaries_per_min'), '.1f')} summaries/min finished "
+                f"({_f(report.get('summarised_tokens_per_s'), '.1f')} tokens of text/s)"
             )
         if report["errors"]:
             lines.append(f"{'':<32}errors: {report['errors']} {report['first_errors']}")
