@@ -96,7 +96,7 @@ class FairlaneScheduler(BatchSteps, LlmIteration):
             for lane in sorted(background, key=lambda k: (self.lane_share.share(k, now), k.value)):
                 choices.append(LaneChoice(lane, Priority.BACKGROUND, self.config.slice_s, True))
         kind, priority = ranked[0]
-        if kind is Kind.LLM and priority.interactive and self._slack_is_embeddings(background, now):
+        if kind is Kind.LLM and priority.interactive and Kind.EMBED in background:
             slack = self._decode_slack(now)
             if slack is not None and slack > self.cost.embed_s(self.config.min_prefill_chunk):
                 choices.append(
@@ -107,18 +107,6 @@ class FairlaneScheduler(BatchSteps, LlmIteration):
             budget = None if priority.interactive else background_budget
             choices.append(LaneChoice(kind, priority, budget))
         return choices
-
-    def _slack_is_embeddings(self, background: list[Kind], now: float) -> bool:
-        """Rule 8 in the slack before a chat decode is due: the embedder's, unless background
-        LLM work waits too and has had less of the device lately. Then the decode goes now and
-        carries that work (up to the slice), so the two background lanes share what the
-        interactive work leaves as they share the device alone, rather than the embedder
-        taking every slack and the summaries losing all the interactive work's time."""
-        if Kind.EMBED not in background:
-            return False
-        if Kind.LLM not in background:
-            return True
-        return self.lane_share.share(Kind.EMBED, now) <= self.lane_share.share(Kind.LLM, now)
 
     def _background_lanes(self) -> list[Kind]:
         lanes = [k for k in Kind if len(self.waiting[k, Priority.BACKGROUND])]
