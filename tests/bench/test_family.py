@@ -158,23 +158,25 @@ def test_a_small_evening_against_the_real_server(tmp_path) -> None:
     }))
     workload = load(path)
     assert any(j.kind is Kind.STT for j in workload.jobs)
-    result = family(workload, ["fairlane"], ["mixed"], rounds=1, threads=1, audio_dir=None,
-                    give_up_s=120, progress=lambda line: None)
-    (report,) = result["reports"]
-    assert report["errors"] == 0 and report["timed_out"] == 0
-    for row in report["classes"].values():
-        if row["requests"]:
+    result = family(workload, ["fairlane"], ["mixed", "background"], rounds=1, threads=1,
+                    audio_dir=None, give_up_s=120, progress=lambda line: None)
+    report, alone = result["reports"]
+    assert report["errors"] == alone["errors"] == 0 and report["timed_out"] == 0
+    for name, row in report["classes"].items():
+        # Every kind of work is served (the summaries may wait out 8 s of voice and chat).
+        if row["requests"] and name != "background/llm":
             assert row["finished"] >= 1
     assert report["voice_turn_ms"]["p50"] is not None
     assert report["embedded_tokens_per_s"] > 0
     # Summaries finished, and their texts' tokens (a summary is counted once its last turn ends).
-    assert report["summaries_per_min"] > 0
-    assert report["summarised_tokens_per_s"] == pytest.approx(
-        report["summaries_per_min"] / 60 * 100, rel=0.01)
+    assert alone["summaries_per_min"] > 0
+    assert alone["summarised_tokens_per_s"] == pytest.approx(
+        alone["summaries_per_min"] / 60 * 100, rel=0.01)
     # The server's cost-model error, printed beside the SLO table.
     (errors,) = report["prediction_error"].values()
-    assert errors["decode"]["steps"] > 0 and errors["embed"]["steps"] > 0
-    assert "decode" in format_prediction(result["reports"])
+    llm_steps = sum(errors[k]["steps"] for k in ("decode", "mixed") if k in errors)
+    assert llm_steps > 0 and errors["embed"]["steps"] > 0
+    assert "embed" in format_prediction(result["reports"])
     # Its device use over the phase, and its background-only steps beside the slice.
     assert 0 < report["interactive_busy"] <= report["device_busy"] <= 1.05
     (kinds,) = report["background_steps"].values()
