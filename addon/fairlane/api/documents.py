@@ -274,6 +274,11 @@ async def start_workers(app: web.Application) -> None:
     async def summary_turn(messages: list[dict[str, Any]], max_tokens: int) -> str:
         return await generate(svc, messages, max_tokens, Priority.BACKGROUND, "summaries")
 
+    def turn_capacity() -> int | None:  # a remote lane's is its own, not known here
+        if lane_for(svc, Priority.BACKGROUND) is not None:
+            return None
+        return capacity(svc, Priority.BACKGROUND)
+
     indexer = svc.components["indexer"] = Component("indexer")
     app[INDEXER] = asyncio.create_task(
         supervise(
@@ -282,11 +287,6 @@ async def start_workers(app: web.Application) -> None:
     )
     if svc.template is not None:
         summariser = svc.components["summariser"] = Component("summariser")
-        def turn_capacity() -> int | None:  # a remote lane's is its own, not known here
-            if lane_for(svc, Priority.BACKGROUND) is not None:
-                return None
-            return capacity(svc, Priority.BACKGROUND)
-
         work = functools.partial(
             summarise_forever,
             svc.documents,
