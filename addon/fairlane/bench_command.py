@@ -353,6 +353,7 @@ def _bench_family(args: argparse.Namespace, threads: int) -> object:
     print()
     print(format_background_steps(result["reports"]))
     result["workload"] = scn.workload.name
+    result["duration_s"] = scn.workload.duration_s
     result["slo"] = {p.label: vars(s) for p, s in scn.workload.slo.items()}
     if args.plot:
         from fairlane.bench.family_report import plot

@@ -63,6 +63,17 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="instead of one run: the most households the device serves with every interactive "
         "row within its SLO for this fraction of requests (e.g. 0.99), per policy",
     )
+    sim.add_argument(
+        "--against",
+        metavar="FAMILY_JSON",
+        help="set the simulator beside a `bench family --json` run of the same workload: its "
+        "phases simulated and reported as the bench reports them, row by row, within 5 points "
+        "(SLO attainment, device shares) or 15%% (rates, latencies)",
+    )
+    sim.add_argument("--target", default="fairlane", help="with --against: the run's target")
+    sim.add_argument(
+        "--rounds", type=int, default=3, help="with --against: simulated rounds (seeds)"
+    )
     sim.add_argument("--per-member", action="store_true", help=PER_MEMBER)
     sim.add_argument("--json", help="write the report here")
     sim.add_argument("--plot", help="write a PNG of TTFT CDFs and device occupancy here")
@@ -125,6 +136,8 @@ def _simulate(args: argparse.Namespace) -> int:
     policies = _policies(args.policy)
     if args.capacity is not None:
         return _capacity(args, budgets, policies)
+    if args.against:
+        return _against(args, budgets)
     scn = scenario(
         args.workload or default_workload(), args.profile, budgets, args.duration, args.homes
     )
@@ -173,6 +186,44 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.plot:
         plot(results, Path(args.plot))
         print(f"plot: {args.plot}")
+    return 0
+
+
+def _against(args: argparse.Namespace, budgets: Any) -> int:
+    """`simulate --against`: a measured `bench family` run beside the simulator, row by row."""
+    from fairlane.bench.family_sim import fit, format_fit, simulated
+    from fairlane.sim import default_workload, scenario
+
+    measured = json.loads(Path(args.against).read_text())
+    duration = args.duration or measured.get("duration_s")
+    if duration is None:
+        raise SystemExit(f"{args.against} does not say its phases' length: give --duration")
+    scn = scenario(args.workload or default_workload(), args.profile, budgets, duration)
+    if measured.get("workload") not in (None, scn.workload.name):
+        raise SystemExit(
+            f"{args.against} played {measured['workload']!r}, not {scn.workload.name!r}"
+        )
+    runs = [r for r in measured["reports"] if r["target"] == args.target]
+    if not runs:
+        targets = sorted({r["target"] for r in measured["reports"]})
+        raise SystemExit(f"no {args.target!r} in {args.against}; it has {', '.join(targets)}")
+    phases = list(dict.fromkeys(r["phase"] for r in runs if ":" not in r["phase"]))
+    reports = simulated(
+        scn.workload, phases, args.profile, scn.config, args.rounds, noise=args.noise
+    )
+    rows = fit(measured["reports"], reports, args.target)
+    print(
+        f"{scn.workload.name}, {duration:.0f} s a phase: {args.target} in {args.against} "
+        f"beside the simulator on profile {args.profile} ({args.rounds} seeds, their mean)"
+    )
+    print(format_fit(rows))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({
+            "profile": args.profile, "against": args.against, "target": args.target,
+            "simulated": reports, "fit": rows,
+        }, indent=2))
+        print(f"report: {args.json}")
     return 0
 
 

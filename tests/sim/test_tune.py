@@ -66,7 +66,7 @@ def test_calibrate_fits_a_profile_from_this_machines_engines(tmp_path, monkeypat
 
     monkeypatch.setattr(tune, "SWEEP", {
         "prefill_sizes": (16, 64), "decode_sizes": (1, 2), "context_sizes": (256,),
-        "occupancy": ((1, 128),)})
+        "occupancy": ((1, 128),), "prefill_after": ((16, 64),)})
     out = tmp_path / "tuned.profile.yaml"
     text = tune.calibrate(1, SPEECH, out)
     out.write_text(text)
@@ -76,6 +76,10 @@ def test_calibrate_fits_a_profile_from_this_machines_engines(tmp_path, monkeypat
     assert device == "cpu"
     assert profile.llm.prefill_token_ms > 0 and profile.llm.decode_seq_ms >= 0
     assert profile.embed.token_ms > 0 and profile.stt.utterance_ms + profile.stt.base_ms > 0
+    # A real server's round trip, less its step, is the simulator's host term.
+    assert profile.host.round_trip_ms > 0 and "Host round trip: measured" in text
+    engine = yaml.safe_load((tmp_path / "tuned.profile.engine.json").read_text())
+    assert list(engine["prefill_after_ms_per_token"]) == ["16@64"]  # a later chunk, timed
     data = yaml.safe_load(text)
     assert data["fit_error"]["llm"]["points"] >= 6
     scenario(default_workload(), str(out), duration_s=10)  # the simulator and tune take it

@@ -92,8 +92,8 @@ class Player:
         before = stats() if stats is not None else None
         self._t0 = time.monotonic()
         duration = self.workload.duration_s
-        jobs = [j for j in self.workload.jobs if _in_phase(j, phase)]
-        loops = [lp for lp in self.workload.loops if _in_phase(lp.units[0][0], phase)]
+        jobs = [j for j in self.workload.jobs if in_phase(j, phase)]
+        loops = [lp for lp in self.workload.loops if in_phase(lp.units[0][0], phase)]
         threads: list[threading.Thread] = []
         for loop in loops:
             units = iter(loop.units)
@@ -253,7 +253,7 @@ class Player:
                 self.played.embedded_tokens += record.prompt_tokens
 
 
-def _in_phase(job: Job, phase: str) -> bool:
+def in_phase(job: Job, phase: str) -> bool:
     """`alone:MEMBER` plays one member's own requests (the fairness case's baseline)."""
     if phase.startswith(ALONE):
         return job.client == phase.removeprefix(ALONE)

@@ -57,12 +57,15 @@ def engine_costs(
     context_sizes: tuple[int, ...] = (),
     occupancy: tuple[tuple[int, int], ...] = (),
     after_embed: int = 0,
+    prefill_after: tuple[tuple[int, int], ...] = (),
 ) -> dict[str, Any]:
     """Prefill cost per token at each chunk size, one decode iteration at each number of
     sequences, (with `context_sizes`) one sequence's decode iteration after a prompt of each
     length, (with `occupancy`, pairs (n, m)) one sequence's decode beside n others holding
-    m KV cells each, and (with `after_embed`, texts in a batch) one sequence's decode right
-    after an embedding batch beside one right after a decode: the terms of the cost model, on
+    m KV cells each, (with `prefill_after`, pairs (n, p)) a prompt chunk of n tokens that
+    starts at position p (a long prompt's later chunk, as a summary's), and (with
+    `after_embed`, texts in a batch) one sequence's decode right after an embedding batch
+    beside one right after a decode: the terms of the cost model, on
     this machine. Every step is also written with its shape (`points`), which `fairlane
     profile fit` fits the profile from. `model`: another GGUF than the default (the GPU
     evidence uses random-weight models of real shapes); `gpu_layers`: layers offloaded (999:
@@ -70,7 +73,10 @@ def engine_costs(
     from fairlane.engines.llm import EngineConfig, LlamaEngine, SamplingParams
     from fairlane.policy import Chunk, LlmPlan, Priority
 
-    longest = max((*prefill_sizes, *context_sizes, *(m for _, m in occupancy), 64))
+    longest = max((
+        *prefill_sizes, *context_sizes, *(m for _, m in occupancy),
+        *(n + p for n, p in prefill_after), 64,
+    ))
     n_seq = max((*decode_sizes, *(n + 1 for n, _ in occupancy)))
     held_most = max((n * m for n, m in occupancy), default=0)
     n_ctx = max(4096, n_seq * 96, longest + 64, held_most + 256)
@@ -97,6 +103,7 @@ def engine_costs(
         "decode_ms_per_iteration": {},
         "context_decode_ms": {},
         "occupancy_decode_ms": {},
+        "prefill_after_ms_per_token": {},
         "points": [],
     }
     print(f"engine step costs, {engine.threads} threads (median of repeats)")
@@ -118,6 +125,27 @@ def engine_costs(
         out["prefill_ms_per_token"][size] = round(per_token * 1000, 4)
         out["points"].append(_point("prefill", size, 0, size, size, per_token * size))
         print(f"  prefill {size:>4} tokens: {per_token * 1000:.2f} ms/token")
+    for size, position in prefill_after:
+        times = []
+        for _ in range(3):
+            engine.add("p", tokens[: position + size], params)
+            for start in range(0, position, 512):  # the text before it, untimed
+                piece = min(512, position - start)
+                first = Chunk("p", start, piece, False, False, Priority.CHAT)
+                engine.execute(LlmPlan((first,), (), 0.0, start + piece))
+            plan = LlmPlan(
+                (Chunk("p", position, size, True, False, Priority.CHAT),),
+                (), 0.0, position + size, held_tokens=position + size,
+            )
+            result, _ = engine.execute(plan)
+            engine.release("p")
+            times.append(result.elapsed_s)
+        seconds = sorted(times)[1]
+        out["prefill_after_ms_per_token"][f"{size}@{position}"] = round(seconds / size * 1000, 4)
+        at = position + size
+        out["points"].append(_point("prefill", size, 0, at, at, seconds))
+        print(f"  prefill {size:>4} tokens at position {position:>5}: "
+              f"{seconds / size * 1000:.2f} ms/token")
     for seqs in decode_sizes:
         median = _decode_median(engine, tokens, params, seqs, 64)
         out["decode_ms_per_iteration"][seqs] = round(median * 1000, 2)

@@ -69,6 +69,9 @@ SWEEP: dict[str, Any] = {
     "decode_sizes": (1, 2, 4, 8),
     "context_sizes": (512, 2048),
     "occupancy": ((1, 512), (2, 1024), (4, 1024)),
+    # A long prompt's later chunks (a summary's text in one turn): what separates the cost of
+    # a prompt token from its attention to the cells before it.
+    "prefill_after": ((256, 1024), (256, 2048)),
 }
 
 
@@ -80,7 +83,7 @@ def calibrate(
     `fairlane profile fit` can refit from), the embedder's and Whisper's from steps of several
     sizes, synthesis from `base`. Returns the profile's YAML, its fit error in the header."""
     from fairlane.bench.llm import engine_costs
-    from fairlane.policy.cost import EmbedCost, SttCost
+    from fairlane.policy.cost import EmbedCost, HostCost, SttCost
     from fairlane.profiles import load
     from fairlane.profiles.fit import fit_profile
 
@@ -89,6 +92,7 @@ def calibrate(
     sweep.write_text(json.dumps(engine_costs(threads, **SWEEP), indent=1))
     embed_base, embed_token = _embed_costs(threads)
     stt_base, stt_utterance = _stt_costs(threads, fixtures)
+    round_trip = _round_trip_ms(threads)
     start, _ = load(base)
     text, _ = fit_profile(
         [sweep],
@@ -99,13 +103,18 @@ def calibrate(
         measured={
             "embed": EmbedCost(round(embed_base, 2), round(embed_token, 4)),
             "stt": SttCost(round(stt_base, 1), round(stt_utterance, 1), start.stt.audio_s_ms),
+            "host": HostCost(round(round_trip, 1)),
         },
     )
     return text
 
 
 def _embed_costs(threads: int) -> tuple[float, float]:
-    """Embedding steps at several padded sizes: (base ms, ms per padded token)."""
+    """Embedding steps of the shapes the server runs, after one untimed: a document's chunks
+    (`documents.text.CHUNK_TOKENS`) in batches of 1 to 16, and short texts: (base ms, ms per
+    padded token). A chunk's token costs more than a short text's (attention over the chunk),
+    so the line is fitted where the household's documents put it."""
+    from fairlane.documents.text import CHUNK_TOKENS
     from fairlane.engines import models
     from fairlane.engines.embed import EmbedConfig, EmbeddingEngine
     from fairlane.policy import EmbedPlan
@@ -114,11 +123,12 @@ def _embed_costs(threads: int) -> tuple[float, float]:
         EmbedConfig(models.resolve_embedder(models.DEFAULT_EMBED), threads=threads)
     )
     text = " ".join(["the kitchen light is on"] * 60)
+    shapes = [(1, 32), (16, 32), *((n, CHUNK_TOKENS) for n in (1, 2, 4, 8, 16))]
     points = []
-    for batch, tokens in ((1, 32), (8, 64), (16, 128), (32, 256), (8, 256)):
+    for batch, tokens in [(4, CHUNK_TOKENS), *shapes]:
         ids = engine.tokenize([text] * batch)
         times = []
-        for repeat in range(3):
+        for repeat in range(5):
             names = [f"e{repeat}-{i}" for i in range(batch)]
             for rid, token_ids in zip(names, ids, strict=True):
                 engine.add(rid, token_ids[:tokens])
@@ -127,7 +137,32 @@ def _embed_costs(threads: int) -> tuple[float, float]:
             )
             times.append(result.elapsed_s * 1000)
         points.append((float(batch * tokens), statistics.median(times)))
-    return _line(points)
+    return _line(points[1:])  # the first shape warmed the engine up
+
+
+def _round_trip_ms(threads: int, rounds: int = 20) -> float:
+    """A client's round trip on this machine, which no step's cost holds (the simulator's
+    `host.round_trip_ms`): a real server's embeddings request, a document's chunks as an
+    indexer sends them, timed by its client, less the device time the server's stats count
+    for it; the median over `rounds`."""
+    from fairlane.bench.family_targets import FairlaneTarget
+    from fairlane.bench.llm import MANUAL
+
+    words = (MANUAL * 20).split()
+    chunks = [" ".join(words[i : i + 150]) for i in range(0, 750, 150)]  # ~200 tokens each
+    target = FairlaneTarget("fairlane", threads)
+    try:
+        target.embed(chunks, "calibrate")  # the first request pays one-time set-up
+        gaps = []
+        for round_ in range(rounds):
+            busy = target.stats()["device"]["busy_s_total"]
+            start = time.perf_counter()
+            target.embed([f"{round_}: {chunk}" for chunk in chunks], "calibrate")
+            wall = time.perf_counter() - start
+            gaps.append(wall - (target.stats()["device"]["busy_s_total"] - busy))
+    finally:
+        target.close()
+    return float(statistics.median(gaps)) * 1000
 
 
 def _stt_costs(threads: int, fixtures: Path) -> tuple[float, float]:
@@ -143,16 +178,16 @@ def _stt_costs(threads: int, fixtures: Path) -> tuple[float, float]:
     if not audio:
         raise ValueError(f"no recordings in {fixtures} to time speech steps")
     points = []
-    for batch in (1, 2, 4):
+    for batch in (1, 1, 2, 4):  # the first, untimed, warms the engine up
         times = []
-        for repeat in range(2):
+        for repeat in range(3):
             names = [f"s{repeat}-{i}" for i in range(batch)]
             for i, rid in enumerate(names):
                 engine.add(rid, Utterance(audio[i % len(audio)], "en"))
             result, _ = engine.execute(SttPlan(tuple(names), Priority.VOICE, 0.0, 0.0))
             times.append(result.elapsed_s * 1000)
         points.append((float(batch), statistics.median(times)))
-    return _line(points)
+    return _line(points[1:])
 
 
 # --- the search -----------------------------------------------------------------------------------

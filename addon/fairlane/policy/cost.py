@@ -68,6 +68,16 @@ class TtsCost:
     phoneme_ms: float  # per phoneme synthesised (about 12 per second of speech)
 
 
+@dataclass(frozen=True)
+class HostCost:
+    """The host around the device, which no step's cost holds: a client's round trip, from an
+    answer to the same client's next request (its JSON, its HTTP, the server's admission),
+    while the device runs whatever else is queued. Only the simulator uses it: the server
+    lives it."""
+
+    round_trip_ms: float = 0.0
+
+
 # A profile that predates speech synthesis: this machine's measured Piper voice (cpu-2core.yaml).
 DEFAULT_TTS = TtsCost(base_ms=8.0, phoneme_ms=2.1)
 
@@ -80,6 +90,7 @@ class CostProfile:
     stt: SttCost
     description: str = ""
     tts: TtsCost = DEFAULT_TTS
+    host: HostCost = HostCost()
 
 
 @dataclass

@@ -10,7 +10,7 @@ import voluptuous as vol
 import yaml
 
 from fairlane.policy import CostProfile, EmbedCost, LlmCost, SttCost, TtsCost
-from fairlane.policy.cost import DEFAULT_TTS
+from fairlane.policy.cost import DEFAULT_TTS, HostCost
 
 _NUMBER = vol.All(vol.Coerce(float), vol.Range(min=0))
 PROFILE_SCHEMA = vol.Schema(
@@ -42,6 +42,8 @@ PROFILE_SCHEMA = vol.Schema(
             vol.Required("base_ms"): _NUMBER,
             vol.Required("phoneme_ms"): _NUMBER,
         },
+        # The host around the device (cost.HostCost): what the simulator adds between steps.
+        vol.Optional("host"): {vol.Optional("round_trip_ms", default=0.0): _NUMBER},
         # A fitted profile's error on the measurements it came from (`fairlane profile fit`).
         vol.Optional("fit_error"): dict,
     }
@@ -79,5 +81,6 @@ def load(name_or_path: str) -> tuple[CostProfile, str]:
         embed=EmbedCost(**data["embed"]),
         stt=SttCost(**data["stt"]),
         tts=TtsCost(**data["tts"]) if "tts" in data else DEFAULT_TTS,
+        host=HostCost(**data.get("host", {})),
     )
     return profile, data["device"]

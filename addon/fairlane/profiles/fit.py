@@ -235,6 +235,12 @@ def fit_profile(
         )
     else:
         header.append(f"Speech and synthesis terms: not measured here, from the {base} profile.")
+    host = measured.get("host", start.host)
+    header.append(
+        "Host round trip: measured on this machine (fairlane tune --calibrate)."
+        if "host" in measured
+        else f"Host round trip: from the {base} profile."
+    )
     if without:
         header.append(f"Not fitted (kept at 0): {', '.join(without)}.")
     if start.llm.switch_share:
@@ -249,6 +255,7 @@ def fit_profile(
         "embed": {k: v for k, v in vars(embed).items()},
         "stt": {k: v for k, v in vars(stt).items()},
         "tts": {k: v for k, v in vars(start.tts).items()},
+        "host": {k: v for k, v in vars(host).items()},
         "fit_error": errors,
     }
     text = "".join(f"# {line}\n" for line in header)

@@ -62,16 +62,25 @@ def simulate(
     noise: float = 0.05,
     seed: int = 0,
     truth: str | None = None,
+    max_time: float | None = None,
 ) -> SimResult:
     """Run one policy on a scenario: the real policy, planning with the scenario's profile.
 
     The simulated device runs at the profile's costs, or at `truth`'s (another profile): then
-    the policy must learn the device it really has from the step times it measures.
+    the policy must learn the device it really has from the step times it measures. Its
+    host's clients take the profile's round trip between an answer and their next request.
     """
     profile, _ = load_profile(scn.profile)
     device, _ = load_profile(truth) if truth else (profile, None)
     engine = make_policy(policy, scn.config, CostModel(profile))
-    return Simulator(engine, CostModel(device), scn.workload, noise=noise, seed=seed).run()
+    return Simulator(
+        engine,
+        CostModel(device),
+        scn.workload,
+        noise=noise,
+        seed=seed,
+        round_trip_s=device.host.round_trip_ms / 1000.0,
+    ).run(max_time)
 
 
 def split(
@@ -125,7 +134,14 @@ def simulate_with_remote(
     local = simulate(replace(scn, workload=local_work), policy, noise=noise, seed=seed)
     profile, _ = load_profile(remote_profile)
     engine = make_policy(policy, scn.config, CostModel(profile))
-    far = Simulator(engine, CostModel(profile), remote_work, noise=noise, seed=seed + 1).run()
+    far = Simulator(
+        engine,
+        CostModel(profile),
+        remote_work,
+        noise=noise,
+        seed=seed + 1,
+        round_trip_s=profile.host.round_trip_ms / 1000.0,
+    ).run()
     return local, far
 
 

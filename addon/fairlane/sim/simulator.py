@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fairlane.policy import (
     CostModel,
@@ -38,6 +38,9 @@ class Step:
     end: float
     kind: Kind
     seconds: dict[Priority, float]
+    # LLM tokens the step computed per class, each position of a sequence once (as the
+    # server's `class_llm_tokens_total` counts them: a recompute after preemption is not new).
+    tokens: dict[Priority, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -49,6 +52,11 @@ class SimResult:
     drained: bool
     # Spoken turns: turn number → (end of speech, end of its first sentence's synthesis).
     first_audio: dict[int, tuple[float, float]] | None = None
+    # Spoken turns: each transcription's record beside its reply's (what `bench family`
+    # times from the end of speech to the reply's first token).
+    turns: list[tuple[RequestRecord, RequestRecord]] = field(default_factory=list)
+    # Closed loops' units done: (loop, the unit's prompt tokens, when its last job ended).
+    units_done: list[tuple[str, int, float]] = field(default_factory=list)
 
 
 class Simulator:
@@ -63,6 +71,7 @@ class Simulator:
         seed: int = 0,
         give_up_s: dict[Priority, float] | None = None,
         warm_prefixes: bool = True,
+        round_trip_s: float = 0.0,
     ) -> None:
         self.policy = policy
         self.truth = truth
@@ -71,6 +80,10 @@ class Simulator:
         # A client that gets no answer within this long cancels (a satellite times out).
         self.give_up_s = give_up_s or {}
         self.rng = random.Random(seed)
+        # The host's client round trip: a client sends its next request (a closed loop's next
+        # unit, a summary's reduction, a spoken command's reply turn) this long after the
+        # answer it waited for; the device meanwhile runs whatever else is queued.
+        self.round_trip_s = round_trip_s
         self._ids = itertools.count()
         self._queue: list[tuple[float, int, Job]] = []
         self._give_ups: list[tuple[float, str]] = []
@@ -89,6 +102,9 @@ class Simulator:
         self._spoken_start: dict[int, float] = {}  # a spoken turn's end of speech
         self._first_audio: dict[int, tuple[float, float]] = {}
         self._sentences: dict[int, int] = {}  # a reply job (by id) → sentences sent to speak
+        self._turn_records: dict[int, dict[Kind, RequestRecord]] = {}
+        self._reached: dict[str, int] = {}  # per LLM sequence: the positions computed so far
+        self._units_done: list[tuple[str, int, float]] = []
 
     def run(self, max_time: float | None = None) -> SimResult:
         """Simulate until every job is done (or `max_time`, default 4× the workload's duration)."""
@@ -112,8 +128,20 @@ class Simulator:
                 continue
             now = self._execute(plan, now)
         drained = not self._queue and not self.policy.has_work()
+        turns = [
+            (kinds[Kind.STT], kinds[Kind.LLM])
+            for _, kinds in sorted(self._turn_records.items())
+            if Kind.STT in kinds and Kind.LLM in kinds
+        ]
         return SimResult(
-            self.policy.name, self.records, self.steps, now, drained, self._first_audio
+            self.policy.name,
+            self.records,
+            self.steps,
+            now,
+            drained,
+            self._first_audio,
+            turns,
+            self._units_done,
         )
 
     # --- arrivals --------------------------------------------------------------------------
@@ -148,7 +176,10 @@ class Simulator:
                 skipped = _chain_length(job.then)
         self._open[(loop.name, index)] -= 1 + skipped
         if self._open[(loop.name, index)] == 0:
-            self._start_unit(loop, at)
+            if ran:
+                tokens = sum(j.prompt_tokens for j in loop.units[index])
+                self._units_done.append((loop.name, tokens, at))
+            self._start_unit(loop, at + self.round_trip_s)
 
     def _next_arrival(self) -> float | None:
         return self._queue[0][0] if self._queue else None
@@ -176,6 +207,8 @@ class Simulator:
             )
             if job.kind is Kind.STT and job.turn >= 0:
                 self._spoken_start[job.turn] = at
+            if job.turn >= 0 and job.kind in (Kind.STT, Kind.LLM):
+                self._turn_records.setdefault(job.turn, {})[job.kind] = record
             self.records.append(record)
             if job.prefix_tokens and _prefix_key(job) in self._cached_prefixes:
                 # The engine holds the shared prefix: only the rest of the prompt is prefilled.
@@ -206,7 +239,9 @@ class Simulator:
         end = start + elapsed
         outputs = self._outputs(plan)
         finished = self.policy.update_from_output(plan, StepResult(elapsed, outputs), end)
-        self.steps.append(Step(start, end, plan.kind, class_seconds(plan, elapsed)))
+        self.steps.append(
+            Step(start, end, plan.kind, class_seconds(plan, elapsed), self._computed(plan))
+        )
         for output in outputs:
             if output.new_tokens and output.request_id in self._live:
                 job, record = self._live[output.request_id]
@@ -227,9 +262,22 @@ class Simulator:
                 if rest or not record.token_times:
                     self._speak(job, end, max(rest, 1))
             if job.then is not None:
-                self._push(end, job.then)
+                self._push(end + self.round_trip_s, job.then)
+            self._reached.pop(request.id, None)
             self._job_ended(job, end, ran=True)
         return end
+
+    def _computed(self, plan: StepPlan) -> dict[Priority, int]:
+        """The LLM tokens a step computed per class, each position once."""
+        tokens: dict[Priority, int] = {}
+        if isinstance(plan, LlmPlan):
+            for chunk in plan.chunks:
+                end = chunk.start + chunk.num_tokens
+                new = end - max(chunk.start, self._reached.get(chunk.request_id, 0))
+                if new > 0:
+                    tokens[chunk.priority] = tokens.get(chunk.priority, 0) + new
+                    self._reached[chunk.request_id] = end
+        return tokens
 
     def _speak(self, reply: Job, at: float, tokens: int) -> None:
         """A sentence of a spoken reply is complete: it is synthesised as one request."""

@@ -1,0 +1,113 @@
+"""The simulator played as `bench family` plays a server, and set beside a measured evening."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fairlane.bench.family_sim import fit, format_fit, phase_workload, simulate_phase, simulated
+from fairlane.policy import Kind, Priority
+from fairlane.sim import scenario
+from fairlane.sim.simulator import Simulator
+from fairlane.sim.workload import Job, Loop, Workload
+
+CPU_EVENING = (
+    Path(__file__).resolve().parents[2] / "addon" / "fairlane" / "workloads" / "family-cpu.yaml"
+)
+
+
+def _with_round_trip(tmp_path: Path, ms: float) -> str:
+    """cpu-2core with the host's round trip set to `ms`."""
+    from importlib import resources
+
+    from fairlane.profiles import PROFILE_SCHEMA
+
+    text = resources.files("fairlane").joinpath("profiles/cpu-2core.yaml").read_text()
+    data = PROFILE_SCHEMA(yaml.safe_load(text))
+    data["host"] = {"round_trip_ms": ms}
+    path = tmp_path / f"rt{ms:g}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_a_phase_holds_the_requests_bench_family_sends_in_it() -> None:
+    workload = scenario(CPU_EVENING, "cpu-2core", duration_s=60).workload
+    interactive = phase_workload(workload, "interactive")
+    background = phase_workload(workload, "background")
+    assert interactive.jobs and all(j.priority.interactive for j in interactive.jobs)
+    assert not any(loop.units[0][0].priority.interactive is False for loop in interactive.loops)
+    assert {loop.name for loop in background.loops} == {"documents", "summaries"}
+    assert all(not j.priority.interactive for j in background.jobs)
+    assert len(phase_workload(workload, "mixed").jobs) == len(workload.jobs)
+
+
+def test_a_closed_loops_next_request_comes_a_round_trip_after_the_answer(tmp_path) -> None:
+    """The host's round trip: a client sends its next document this long after the last
+    answer, and the device runs something else meanwhile."""
+    from fairlane.policy import CostModel, PolicyConfig, make_policy
+    from fairlane.profiles import load
+
+    docs = tuple(
+        (Job(0.0, "document", Kind.EMBED, Priority.BACKGROUND, "indexer", 200),)
+        for _ in range(4)
+    )
+    workload = Workload("docs", 30.0, (), loops=(Loop("documents", 1, docs),))
+    costs, _ = load("cpu-2core")
+    policy = make_policy("fairlane", PolicyConfig(), CostModel(costs))
+    result = Simulator(policy, CostModel(costs), workload, round_trip_s=0.25).run()
+    records = sorted(result.records, key=lambda r: r.arrival)
+    assert len(records) == 4
+    for last, following in itertools.pairwise(records):
+        assert last.finished_at is not None
+        assert following.arrival == pytest.approx(last.finished_at + 0.25)
+    assert [loop for loop, _, _ in result.units_done] == ["documents"] * 4
+
+
+def test_the_simulator_counts_the_background_llm_tokens_it_computed_once_each() -> None:
+    scn = scenario(CPU_EVENING, "cpu-2core", duration_s=60)
+    result = simulate_phase(scn.workload, "background", "cpu-2core", scn.config, noise=0.0)
+    computed = sum(s.tokens.get(Priority.BACKGROUND, 0) for s in result.steps)
+    # Every background LLM request's positions once: its prompt less the cached prefix,
+    # and its tokens out but the last (sampled, never fed back).
+    finished = [r for r in result.records if r.kind is Kind.LLM and r.finished_at is not None]
+    assert finished
+    most = sum(r.prompt_tokens + len(r.token_times) for r in result.records if r.kind is Kind.LLM)
+    assert 0 < computed <= most
+
+
+def test_a_latency_bound_indexer_takes_less_of_the_device_with_a_round_trip(tmp_path) -> None:
+    """With no round trip the next document is always queued when a step ends; with one, the
+    LLM's summaries take the device meanwhile (what the server does: its indexer alone gets
+    ~0.3 of the device beside the summaries, not the ~0.5 the simulator gave)."""
+    scn = scenario(CPU_EVENING, "cpu-2core", duration_s=60)
+    shares = {}
+    for ms in (0.0, 20.0):
+        report = simulated(scn.workload, ["background"], _with_round_trip(tmp_path, ms), scn.config)
+        shares[ms] = report[0]["background_busy"]
+    assert shares[20.0]["embed"] < shares[0.0]["embed"]
+    assert shares[20.0]["llm"] > shares[0.0]["llm"]
+
+
+def test_the_simulator_and_a_measured_evening_are_set_side_by_side() -> None:
+    scn = scenario(CPU_EVENING, "cpu-2core", duration_s=30)
+    predicted = simulated(scn.workload, ["interactive", "mixed"], "cpu-2core", scn.config)
+    assert [r["target"] for r in predicted] == ["simulator", "simulator"]
+    # The simulator's own reports, read as a server's: every row within its bound of itself.
+    measured = [{**r, "target": "fairlane"} for r in predicted]
+    rows = fit(measured, predicted)
+    assert rows and all(row["within"] for row in rows)
+    assert {r["phase"] for r in rows} == {"interactive", "mixed"}
+    assert any(r["row"] == "voice/llm SLO met" for r in rows)
+    # A server that did half the background work is more than 15% off.
+    halved = []
+    for report in measured:
+        copy = dict(report)
+        if copy["background_llm_computed_per_s"]:
+            copy["background_llm_computed_per_s"] /= 2
+        halved.append(copy)
+    missed = [r for r in fit(halved, predicted) if not r["within"]]
+    assert [r["row"] for r in missed] == ["background LLM computed tok/s"]
+    assert "NO" in format_fit(fit(halved, predicted))
