@@ -91,6 +91,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--attainment", type=float, default=0.95, help="fraction of each row within its SLO"
     )
     tune.add_argument("--passes", type=int, default=2, help="rounds of coordinate descent")
+    tune.add_argument(
+        "--margin", type=float, default=0.05,
+        help="the gain in background work over the defaults a recommendation needs (0.05: 5%%)",
+    )
     tune.add_argument("--duration", type=float, help="only arrivals before this many seconds")
     tune.add_argument(
         "--verify", type=int, default=0,
@@ -286,7 +290,9 @@ def _tune(args: argparse.Namespace) -> int:
         flush=True,
     )
     trials = tune.search(scn, args.attainment, passes=args.passes)
-    best = trials[0]
+    start = {k: float(getattr(scn.config, k)) for k in tune.SEARCH_SPACE}
+    default = next(t for t in trials if t.settings == start)  # the server's own settings
+    best, why = tune.recommend(trials, default, args.attainment, args.margin)
     if best.feasible(args.attainment):
         verdict = f"meets every interactive SLO for {best.worst:.0%} or more of requests"
     else:
@@ -294,10 +300,8 @@ def _tune(args: argparse.Namespace) -> int:
             f"MISSED: no setting tried meets {args.attainment:.0%}; this one comes closest "
             f"(worst row {best.worst:.0%})"
         )
-    start = {k: float(getattr(scn.config, k)) for k in tune.SEARCH_SPACE}
-    default = next(t for t in trials if t.settings == start)  # the server's own settings
-    print(f"\n{len(trials)} settings simulated. Best: {tune._describe(best.settings)}")
-    print(f"  {verdict}")
+    print(f"\n{len(trials)} settings simulated. Recommended: {tune._describe(best.settings)}")
+    print(f"  {why}; {verdict}")
     print(
         f"  background {best.background_llm_tokens_per_s} LLM tok/s (defaults: "
         f"{default.background_llm_tokens_per_s}), {best.embedded_tokens_per_s} embedded tok/s "
@@ -308,17 +312,20 @@ def _tune(args: argparse.Namespace) -> int:
         "workload": scn.workload.name,
         "profile": profile,
         "attainment": args.attainment,
+        "recommended": best.settings,
+        "why": why,
         "trials": [vars(t) for t in trials],
     }
     if args.verify:
         # The defaults are measured beside the best: a recommendation is worth what it gains.
-        chosen = trials[: args.verify] + ([default] if default not in trials[: args.verify] else [])
+        chosen = [best, *(t for t in trials if t is not best)][: args.verify]
+        chosen += [default] if default not in chosen else []
         print(f"\nverifying the best {args.verify} and the defaults on the real server (mixed "
               "phase)", flush=True)
         rows = tune.verify(scn.workload, chosen, threads, Path(args.fixtures))
         print(tune.format_verification(rows))
         result["verified"] = rows
-    note = f"fairlane tune on {scn.workload.name}, profile {profile}: {verdict}"
+    note = f"fairlane tune on {scn.workload.name}, profile {profile}: {why}; {verdict}"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(tune.config_file(best.settings, note))
     print(f"\nconfiguration: {args.out} (fairlane serve --config {args.out})")

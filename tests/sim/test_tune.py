@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from fairlane import config
-from fairlane.bench.tune import Trial, _line, config_file, search
+from fairlane.bench.tune import Trial, _line, config_file, recommend, search
 from fairlane.cli import main
 from fairlane.sim import default_workload, scenario
 
@@ -25,6 +25,19 @@ def test_settings_within_the_slos_beat_any_that_miss_them() -> None:
     closer = Trial({"slice_ms": 100}, {"voice/llm": 0.93}, 100.0, 0)
     ranked = sorted([fast_but_late, on_time, closer], key=lambda t: t.score(0.95), reverse=True)
     assert ranked == [on_time, closer, fast_but_late]
+
+
+def test_a_gain_the_simulator_cannot_tell_apart_keeps_the_defaults() -> None:
+    defaults = Trial({"slice_ms": 50}, {"chat/llm": 1.0}, 53.1, 2414)
+    slightly = Trial({"arrival_wait_fraction": 0.4}, {"chat/llm": 1.0}, 53.4, 2244)
+    clearly = Trial({"slice_ms": 100}, {"chat/llm": 1.0}, 60.0, 2300)
+    kept, why = recommend([slightly, defaults], defaults, 0.95)
+    assert kept is defaults and "within the 5%" in why
+    chosen, _ = recommend([clearly, slightly, defaults], defaults, 0.95)
+    assert chosen is clearly
+    # Defaults that miss the SLOs are no reference: the best is recommended, however close.
+    late = Trial({"slice_ms": 50}, {"chat/llm": 0.5}, 53.1, 2414)
+    assert recommend([slightly, late], late, 0.95)[0] is slightly
 
 
 def test_search_starts_from_the_servers_settings_and_never_ends_worse() -> None:
@@ -51,7 +64,7 @@ def test_tune_command_writes_a_config_and_every_trial(tmp_path, capsys) -> None:
                  "--out", str(out), "--json", str(report)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "Best:" in printed and "defaults:" in printed
+    assert "Recommended:" in printed and "defaults:" in printed
     assert set(yaml.safe_load(out.read_text())["policy"]) >= {"slice_ms", "max_batch_tokens"}
     assert config.load(str(out))  # the server accepts it
 

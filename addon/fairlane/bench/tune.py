@@ -272,6 +272,30 @@ def search(
     return sorted(seen.values(), key=lambda t: t.score(attainment), reverse=True)
 
 
+# A recommendation must beat the server's own settings by this much background work in the
+# simulator: a smaller gain is within what one simulated evening can tell (5% step noise, a
+# backlog whose summaries end where they end), and a change the simulator cannot tell apart
+# from the defaults is not worth a household's configuration file.
+MARGIN = 0.05
+
+
+def recommend(
+    trials: list[Trial], defaults: Trial, attainment: float, margin: float = MARGIN
+) -> tuple[Trial, str]:
+    """The settings to write, and why: the best trial (`search`'s first), unless the server's
+    defaults meet the SLOs too and the best does not beat their background work by `margin`."""
+    best = trials[0]
+    if best is defaults or not defaults.feasible(attainment):
+        return best, "the best found"
+    gain = best.background_llm_tokens_per_s / max(defaults.background_llm_tokens_per_s, 1e-9) - 1
+    if gain < margin:
+        return defaults, (
+            f"the defaults kept: the best found ({_describe(best.settings)}) does {gain:+.1%} "
+            f"background LLM work, within the {margin:.0%} the simulator can tell"
+        )
+    return best, f"the best found: {gain:+.1%} background LLM work over the defaults"
+
+
 def _describe(settings: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in sorted(typed(settings).items()))
 
