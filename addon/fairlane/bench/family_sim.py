@@ -18,6 +18,7 @@ from typing import Any
 from fairlane.bench.family_play import Played, in_phase
 from fairlane.bench.family_report import summarize
 from fairlane.policy import PolicyConfig, Priority
+from fairlane.runtime.metrics import percentile
 from fairlane.sim import Scenario, simulate
 from fairlane.sim.report import background_done
 from fairlane.sim.simulator import SimResult
@@ -72,6 +73,21 @@ def played(
         if step.seconds and not any(p.interactive for p in step.seconds):
             lanes[step.kind.value] += step.end - step.start
     out.background_busy = {kind: round(s / duration_s, 3) for kind, s in lanes.items()}
+    # The background-only steps' lengths, as the server's stats give them (`background_steps`).
+    lengths: dict[str, list[float]] = {}
+    for step in steps:
+        if step.seconds and not any(p.interactive for p in step.seconds):
+            lengths.setdefault(step.kind.value, []).append(step.end - step.start)
+    out.background_steps = {
+        "sim": {
+            kind: {
+                "steps": len(values),
+                "p50_ms": _ms(percentile(values, 50)),
+                "p95_ms": _ms(percentile(values, 95)),
+            }
+            for kind, values in lengths.items()
+        }
+    }
     out.background_llm_computed = sum(s.tokens.get(Priority.BACKGROUND, 0) for s in steps)
     return out
 
@@ -115,6 +131,12 @@ def _rows(report: dict[str, Any]) -> dict[str, float | None]:
         out["embedded tok/s"] = report["embedded_tokens_per_s"]
         for lane in ("llm", "embed"):
             out[f"background {lane} device share"] = report["background_busy"].get(lane)
+        # The background-only steps' median length (the server's one device loop; a diagnostic
+        # of how the device time was cut, not a figure a household feels).
+        loops = list(report.get("background_steps", {}).values())
+        for lane in ("llm", "embed"):
+            step = loops[0].get(lane, {}) if len(loops) == 1 else {}
+            out[f"background {lane} step p50 ms"] = step.get("p50_ms")
     if report["phase"] != "background":
         out["interactive device share"] = report["interactive_busy"]
     return out
@@ -176,3 +198,7 @@ def format_fit(rows: list[dict[str, Any]]) -> str:
     hits = sum(r["within"] for r in rows)
     lines.append(f"within 5 points / 15%: {hits} of {len(rows)} rows")
     return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 1)
