@@ -42,6 +42,11 @@ def test_a_phase_holds_the_requests_bench_family_sends_in_it() -> None:
     assert {loop.name for loop in background.loops} == {"documents", "summaries"}
     assert all(not j.priority.interactive for j in background.jobs)
     assert len(phase_workload(workload, "mixed").jobs) == len(workload.jobs)
+    # The bench sends a spoken command's reply turn but does not speak the reply.
+    replies = [j.then for j in workload.jobs if j.kind is Kind.STT]
+    assert replies and all(r is not None and r.sentence_tokens for r in replies)
+    played = [j.then for j in interactive.jobs if j.kind is Kind.STT]
+    assert all(r is not None and r.sentence_tokens == 0 for r in played)
 
 
 def test_a_closed_loops_next_request_comes_a_round_trip_after_the_answer(tmp_path) -> None:

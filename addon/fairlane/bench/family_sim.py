@@ -22,17 +22,25 @@ from fairlane.runtime.metrics import percentile
 from fairlane.sim import Scenario, simulate
 from fairlane.sim.report import background_done
 from fairlane.sim.simulator import SimResult
-from fairlane.sim.workload import Workload
+from fairlane.sim.workload import Job, Workload
 
 # How long a client waits for an interactive answer after the phase (`bench family`'s default).
 GIVE_UP_S = 60.0
 
 
 def phase_workload(workload: Workload, phase: str) -> Workload:
-    """The requests `bench family` sends in `phase` (interactive, background or mixed)."""
-    jobs = tuple(j for j in workload.jobs if in_phase(j, phase))
+    """The requests `bench family` sends in `phase` (interactive, background or mixed). The
+    bench transcribes a spoken command and sends its reply turn, but does not speak the reply:
+    the replies' sentences are not synthesised here either."""
+    jobs = tuple(_unspoken(j) for j in workload.jobs if in_phase(j, phase))
     loops = tuple(loop for loop in workload.loops if in_phase(loop.units[0][0], phase))
     return replace(workload, jobs=jobs, loops=loops)
+
+
+def _unspoken(job: Job) -> Job:
+    """The job and its chain, with no reply spoken."""
+    then = _unspoken(job.then) if job.then is not None else None
+    return replace(job, sentence_tokens=0, then=then)
 
 
 def simulate_phase(
