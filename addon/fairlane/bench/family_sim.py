@@ -18,7 +18,7 @@ from typing import Any
 from fairlane.bench.family_play import Played, in_phase
 from fairlane.bench.family_report import summarize
 from fairlane.policy import PolicyConfig, Priority
-from fairlane.runtime.metrics import percentile
+from fairlane.runtime.prediction import durations
 from fairlane.sim import Scenario, simulate
 from fairlane.sim.report import background_done
 from fairlane.sim.simulator import SimResult
@@ -59,9 +59,15 @@ def simulate_phase(
 
 
 def played(
-    result: SimResult, target: str, phase: str, round_index: int, duration_s: float
+    result: SimResult,
+    target: str,
+    phase: str,
+    round_index: int,
+    duration_s: float,
+    slice_s: float,
 ) -> Played:
-    """A simulated phase as `bench family` records a played one."""
+    """A simulated phase as `bench family` records a played one (`slice_s`: the policy's
+    slice, which the background steps are reported beside)."""
     out = Played(target, phase, round_index, duration_s, records=list(result.records))
     out.turns = list(result.turns)
     llm, embedded = background_done(result.records, duration_s)
@@ -87,14 +93,7 @@ def played(
         if step.seconds and not any(p.interactive for p in step.seconds):
             lengths.setdefault(step.kind.value, []).append(step.end - step.start)
     out.background_steps = {
-        "sim": {
-            kind: {
-                "steps": len(values),
-                "p50_ms": _ms(percentile(values, 50)),
-                "p95_ms": _ms(percentile(values, 95)),
-            }
-            for kind, values in lengths.items()
-        }
+        "sim": {kind: durations(values, slice_s) for kind, values in lengths.items()}
     }
     out.background_llm_computed = sum(s.tokens.get(Priority.BACKGROUND, 0) for s in steps)
     return out
@@ -116,7 +115,9 @@ def simulated(
             result = simulate_phase(
                 workload, phase, profile, config, policy, seed=round_index - 1, noise=noise
             )
-            record = played(result, "simulator", phase, round_index, workload.duration_s)
+            record = played(
+                result, "simulator", phase, round_index, workload.duration_s, config.slice_s
+            )
             reports.append(summarize(record, workload.slo))
     return reports
 
@@ -207,6 +208,3 @@ def format_fit(rows: list[dict[str, Any]]) -> str:
     lines.append(f"within 5 points / 15%: {hits} of {len(rows)} rows")
     return "\n".join(lines)
 
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000.0, 1)

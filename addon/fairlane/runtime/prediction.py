@@ -92,14 +92,15 @@ def background_steps(
             if r.budget_s is not None and r.budget_s <= slice_s * (1 + 1e-9)
         ]
         over = [(r.end - r.start) / r.budget_s for r in group if r.budget_s]
-        figures = _durations(values, slice_s)
-        figures["sliced"] = _durations(sliced, slice_s)
+        figures = durations(values, slice_s)
+        figures["sliced"] = durations(sliced, slice_s)
         figures["p95_over_budget"] = _rounded(percentile(over, 95))
         out.setdefault(device, {})[kind] = figures
     return out
 
 
-def _durations(values: list[float], slice_s: float) -> dict[str, Any]:
+def durations(values: list[float], slice_s: float) -> dict[str, Any]:
+    """Steps' count, p50 and p95 (ms) and the p95 over the slice (also the simulator's)."""
     p95 = percentile(values, 95)
     return {
         "steps": len(values),
