@@ -82,16 +82,14 @@ def played(
     interactive = sum(s.end - s.start for s in steps if any(p.interactive for p in s.seconds))
     out.device_busy = round(busy / duration_s, 3)
     out.interactive_busy = round(interactive / duration_s, 3)
-    lanes: dict[str, float] = dict.fromkeys(("llm", "stt", "tts", "embed"), 0.0)
+    # The background-only steps per lane: their share of the phase and their lengths, as the
+    # server's stats give them (`background_busy_s_total`, `background_steps`).
+    lengths: dict[str, list[float]] = {kind: [] for kind in ("llm", "stt", "tts", "embed")}
     for step in steps:
         if step.seconds and not any(p.interactive for p in step.seconds):
-            lanes[step.kind.value] += step.end - step.start
-    out.background_busy = {kind: round(s / duration_s, 3) for kind, s in lanes.items()}
-    # The background-only steps' lengths, as the server's stats give them (`background_steps`).
-    lengths: dict[str, list[float]] = {}
-    for step in steps:
-        if step.seconds and not any(p.interactive for p in step.seconds):
-            lengths.setdefault(step.kind.value, []).append(step.end - step.start)
+            lengths[step.kind.value].append(step.end - step.start)
+    out.background_busy = {kind: round(sum(v) / duration_s, 3) for kind, v in lengths.items()}
+    lengths = {kind: values for kind, values in lengths.items() if values}
     out.background_steps = {
         "sim": {kind: durations(values, slice_s) for kind, values in lengths.items()}
     }
@@ -122,8 +120,8 @@ def simulated(
     return reports
 
 
-# The rows the simulator must reproduce: (phase, what, how it is read, the bound's kind).
-# SLO attainment within 5 points; rates and latencies within 15%.
+# The bounds the simulator must keep to the server: SLO attainment and device shares within
+# 5 points, rates and latencies within 15%.
 POINTS, RELATIVE = 0.05, 0.15
 
 
