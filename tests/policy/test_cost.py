@@ -166,3 +166,30 @@ def test_the_step_after_another_engines_is_planned_with_its_cost() -> None:
     policy.update_from_output(plan, StepResult(plan.predicted_s, (SeqOutput("c", 1),)), 0.1)
     after = policy.schedule(0.1)
     assert isinstance(after, LlmPlan) and after.after_other_s == 0.0  # after its own step
+
+
+@pytest.mark.parametrize("priority", [Priority.VOICE, Priority.BACKGROUND])
+def test_a_prompt_from_a_cached_prefix_is_planned_attending_to_the_prefix(
+    priority: Priority,
+) -> None:
+    """A spoken command starts from Home Assistant's cached system prompt: its new tokens
+    attend to the prefix's cells too. The plan counted only the new tokens as held, so the
+    first chunk after a cached prefix was priced (and sized) as if the prefix were not there:
+    a 110-token chunk after 600 cached tokens 88 ms short on this host's calibrated profile."""
+    cpu = replace(
+        profiles.load("cpu-2core")[0],
+        llm=replace(profiles.load("cpu-2core")[0].llm, prefill_attention_ns=1239.0),
+    )
+    policy = make_policy("fairlane", PolicyConfig(), CostModel(cpu))
+    request = Request("v", Kind.LLM, priority, "a", 0.0, prompt_tokens=710, max_tokens=20)
+    request.computed_tokens = request.cached_tokens = 600
+    policy.add(request, 0.0)
+    plan = policy.schedule(0.0)
+    assert isinstance(plan, LlmPlan)
+    (chunk,) = plan.chunks
+    assert chunk.start == 600
+    assert plan.held_tokens == 600 + chunk.num_tokens
+    end = 600 + chunk.num_tokens
+    assert plan.predicted_s == pytest.approx(policy.cost.llm_s(chunk.num_tokens, 0, end, end))
+    if plan.budget_s is not None:  # a background chunk sized to its budget still keeps to it
+        assert plan.predicted_s <= plan.budget_s

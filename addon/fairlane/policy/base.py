@@ -74,6 +74,9 @@ class IterationBuilder:
     decodes: int = 0
     context: int = 0
     held: int = 0  # KV cells the running sequences hold; grows with every token added
+    # The sequences whose cells `held` counts (those running when the iteration began, and
+    # those added since).
+    counted: set[str] = field(default_factory=set)
     budget_s: float | None = None  # the time bound its background work was given
     after_other_s: float = 0.0  # other engines' time since the last LLM step (switch term)
 
@@ -85,18 +88,28 @@ class IterationBuilder:
     def full(self) -> bool:
         return self.tokens >= self.max_tokens or len(self.chunks) >= self.max_seqs
 
-    def predicted_s(self, prefill: int = 0, decodes: int = 0, context: int = 0) -> float:
+    def predicted_s(
+        self, prefill: int = 0, decodes: int = 0, context: int = 0, cells: int = 0
+    ) -> float:
+        """The iteration with `prefill` and `decodes` more, and `cells` more KV cells held
+        (a new sequence's cached prefix, see `unheld`)."""
         return self.cost.llm_s(
             self.prefill + prefill,
             self.decodes + decodes,
             self.context + context,
-            self.held + prefill + decodes,
+            self.held + cells + prefill + decodes,
             self.after_other_s,
         )
 
-    def prefill_room(self, budget_s: float | None, position: int = 0) -> int:
-        """Prefill tokens of a chunk starting at `position` in its sequence that still fit
-        both the token budget and the time budget."""
+    def unheld(self, request: Request) -> int:
+        """KV cells `request` already holds that `held` does not count: a sequence that starts
+        in this iteration from a cached prefix (Home Assistant's system prompt), whose cells its
+        prompt's tokens attend to as much as to their own."""
+        return 0 if request.id in self.counted else request.computed_tokens
+
+    def prefill_room(self, budget_s: float | None, request: Request) -> int:
+        """Tokens of `request`'s next prompt chunk that still fit both the token budget and
+        the time budget."""
         if budget_s is None:
             return self.token_room
         fits = self.cost.prefill_tokens_within(
@@ -104,19 +117,20 @@ class IterationBuilder:
             self.prefill,
             self.decodes,
             self.context,
-            self.held,
-            position,
+            self.held + self.unheld(request),
+            request.computed_tokens,
             self.after_other_s,
         )
         return min(self.token_room, fits)
 
-    def chunk_fixed_s(self, position: int) -> float:
-        """What a prompt chunk starting at `position` costs before its tokens do: the prompt
-        kernels' fixed cost if it is the iteration's first prompt chunk, and its attention over
-        the positions before it (the intercept of the chunk's cost against its length)."""
+    def chunk_fixed_s(self, request: Request) -> float:
+        """What `request`'s next prompt chunk costs before its tokens do: the prompt kernels'
+        fixed cost if it is the iteration's first prompt chunk, and its attention over the
+        positions before it (the intercept of the chunk's cost against its length)."""
+        position, cells = request.computed_tokens, self.unheld(request)
         now = self.predicted_s()
-        one = self.predicted_s(prefill=1, context=position + 1)
-        two = self.predicted_s(prefill=2, context=position + 2)
+        one = self.predicted_s(prefill=1, context=position + 1, cells=cells)
+        two = self.predicted_s(prefill=2, context=position + 2, cells=cells)
         return max(0.0, 2 * one - two - now)
 
     def add(self, request: Request, num_tokens: int) -> Chunk:
@@ -132,7 +146,8 @@ class IterationBuilder:
         self.chunks.append(chunk)
         self.scheduled.add(request.id)
         self.tokens += num_tokens
-        self.held += num_tokens
+        self.held += self.unheld(request) + num_tokens
+        self.counted.add(request.id)
         if chunk.decode:
             self.decodes += 1
         else:
@@ -141,13 +156,15 @@ class IterationBuilder:
         return chunk
 
     @classmethod
-    def after(cls, policy: Policy, held: int) -> IterationBuilder:
-        """An empty iteration for `policy`'s next LLM step (after whatever engine ran last)."""
+    def after(cls, policy: Policy) -> IterationBuilder:
+        """An empty iteration for `policy`'s next LLM step (after whatever engine ran last),
+        holding the running sequences' cells."""
         return cls(
             policy.cost,
             policy.config.max_batch_tokens,
             policy.config.max_num_seqs,
-            held=held,
+            held=policy.held_tokens(),
+            counted=set(policy.running),
             after_other_s=policy.after_other_s,
         )
 

@@ -107,7 +107,7 @@ class FcfsScheduler(Policy):
     def _plan_llm(self, now: float) -> Plan:
         """Running sequences advance (decodes first when prompts are chunked); waiting prompts
         join in arrival order."""
-        batch = IterationBuilder.after(self, self.held_tokens())
+        batch = IterationBuilder.after(self)
         preempted: list[str] = []
         if self.chunked_prefill:
             order = sorted(self.running.values(), key=lambda r: (not r.is_decode, r.order))

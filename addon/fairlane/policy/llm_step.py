@@ -19,7 +19,7 @@ class LlmIteration(Lanes):
         A step owed to background (rule 8) carries background work and the interactive decodes
         (they never miss a token), but no interactive prompt: it is background's slice.
         """
-        batch = IterationBuilder.after(self, self.held_tokens())
+        batch = IterationBuilder.after(self)
         preempted: list[str] = []
         if choice.owed:
             decodes = [r for r in self._by_urgency(interactive=True) if r.is_decode]
@@ -239,8 +239,8 @@ class LlmIteration(Lanes):
             if not self._add_prefill(waiting, batch, preempted, limit_s, now, ceiling_s):
                 return
 
-    def _worth_room(self, batch: IterationBuilder, position: int, ceiling_s: float) -> int:
-        """Prompt tokens of a chunk at `position` whose own cost is `owed_chunk_worth` times
+    def _worth_room(self, batch: IterationBuilder, request: Request, ceiling_s: float) -> int:
+        """Prompt tokens of `request`'s next chunk whose own cost is `owed_chunk_worth` times
         the chunk's fixed cost, in an iteration no longer than `ceiling_s`.
 
         Rule 8 on a slow host: a background prompt's fixed cost (~55 ms on 2 CPU cores beside
@@ -252,11 +252,11 @@ class LlmIteration(Lanes):
         worth = self.config.owed_chunk_worth
         if worth <= 0:
             return 0
-        fixed_s = batch.chunk_fixed_s(position)
+        fixed_s = batch.chunk_fixed_s(request)
         worth_s = batch.predicted_s() + (1.0 + worth) * fixed_s
         # The fewest tokens that cost at least that (one past what fits), within the ceiling.
-        fewest = batch.prefill_room(worth_s, position) + 1
-        return min(fewest, batch.prefill_room(ceiling_s, position))
+        fewest = batch.prefill_room(worth_s, request) + 1
+        return min(fewest, batch.prefill_room(ceiling_s, request))
 
     def _add_prefill(
         self,
@@ -276,9 +276,9 @@ class LlmIteration(Lanes):
         which also needs a sequence slot: an interactive one takes a background sequence's
         slot (rule 5). `ceiling_s`: an owed background slice, whose chunk may grow to its worth.
         """
-        room = batch.prefill_room(budget_s, request.computed_tokens)
+        room = batch.prefill_room(budget_s, request)
         if ceiling_s is not None:
-            room = max(room, self._worth_room(batch, request.computed_tokens, ceiling_s))
+            room = max(room, self._worth_room(batch, request, ceiling_s))
         if request.priority.interactive:
             least = self.config.min_prefill_chunk
             guaranteed = not batch.chunks or not batch.prefill
