@@ -158,28 +158,6 @@ def test_between_turns_on_a_cpu_background_steps_grow_to_the_forecast_wait() -> 
     assert isinstance(quiet, LlmPlan) and quiet.budget_s == pytest.approx(1.0)
 
 
-def test_the_first_command_after_a_quiet_afternoon_does_not_keep_the_house_talking() -> None:
-    """Whether someone is still talking is judged against the usual pause between arrivals.
-    The hours of quiet before an evening's first command are no such pause: counted whole they
-    made the usual pause hours long, and background steps were held to the conversation's
-    `forecast_wait_s` for hours after every command. A pause past the conversation's end is
-    counted as that end, so a minute after the evening's spoken command the background runs
-    in the steps it takes when nobody talks (`arrival_wait_s`)."""
-    config = replace(PolicyConfig(), slice_ms=50.0).scaled(8)
-    policy = make_policy("fairlane", config, CostModel(PROFILE))
-    now = 0.0
-    for at in (0.0, 4.0, 8.0, 4 * 3600.0):  # three commands, then the evening's first
-        now = max(now, at)
-        policy.add(llm(f"at{at:.0f}", VOICE, prompt=20, max_tokens=1, arrival=now), now)
-        while f"at{at:.0f}" in policy.requests:
-            _, _, now = step(policy, now)
-    policy.add(llm("doc", BACKGROUND, prompt=8000, max_tokens=4), now)
-    between, _, _ = step(policy, now + 3.0)  # the next command of a burst may come
-    assert isinstance(between, LlmPlan) and between.budget_s == pytest.approx(0.25)
-    later, _, _ = step(policy, now + 60.0)
-    assert isinstance(later, LlmPlan) and later.budget_s == pytest.approx(1.0)
-
-
 @pytest.mark.parametrize("least", [1, 8])
 def test_a_background_prompt_beside_held_kv_keeps_to_the_slice_on_a_cpu(least: int) -> None:
     """Rule 2 where one prompt token costs most of the slice: on the fitted 2-core profile a

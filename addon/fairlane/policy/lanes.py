@@ -39,24 +39,11 @@ def less_urgent(request: Request) -> Callable[[Request], bool]:
     return lambda other: other.priority > request.priority
 
 
-# Arrivals are still coming while the last one is at most this many usual pauses ago.
-ACTIVE_PAUSES = 2.0
-# The longest pause counted as one inside a conversation (people answer within a minute).
-LONGEST_PAUSE_S = 60.0
-
-
 @dataclass
 class ArrivalRate:
     """Arrivals of one lane and class: the smoothed gap inside a burst (what batch windows rely
     on; a gap longer than the class's window is the pause between bursts, not a rate), and the
-    smoothed pause between arrivals while they keep coming (whether someone is still talking).
-
-    A pause longer than the time `active` gave the last arrival ended the conversation: it is
-    counted as that time (and never as more than `LONGEST_PAUSE_S`), not as a pause of the next
-    one. Counted whole, the evening's first command after a quiet afternoon made hours the
-    usual pause, and the house seemed to be talking for hours after every command: background
-    work ran in the short steps kept for a conversation (`forecast_wait_s`) all evening.
-    """
+    smoothed gap between any two arrivals (whether someone is still talking)."""
 
     window_s: float
     mean_gap: float | None = None
@@ -68,17 +55,14 @@ class ArrivalRate:
             gap = max(0.0, now - self.last)
             if gap <= self.window_s:
                 self.mean_gap = _smooth(self.mean_gap, gap)
-            pause = min(gap, LONGEST_PAUSE_S)
-            if self.mean_pause is not None:
-                pause = min(pause, ACTIVE_PAUSES * self.mean_pause)
-            self.mean_pause = _smooth(self.mean_pause, pause)
+            self.mean_pause = _smooth(self.mean_pause, gap)
         self.last = now
 
     def active(self, now: float) -> bool:
         """Arrivals are still coming: the last one is recent next to the usual pause."""
         if self.last is None or self.mean_pause is None:
             return False
-        return now - self.last <= ACTIVE_PAUSES * self.mean_pause
+        return now - self.last <= 2 * self.mean_pause
 
     def expected_next(self, now: float) -> float | None:
         """When the next arrival is due; None without a forecast or when it is overdue (the
