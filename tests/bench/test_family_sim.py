@@ -118,3 +118,42 @@ def test_the_simulator_and_a_measured_evening_are_set_side_by_side() -> None:
     missed = [r for r in fit(halved, predicted) if not r["within"]]
     assert [r["row"] for r in missed] == ["background LLM computed tok/s"]
     assert "NO" in format_fit(fit(halved, predicted))
+
+
+def test_a_phase_begins_from_what_the_server_heard_before_it() -> None:
+    """`bench family` plays its phases one after the other on one server, after a warm-up:
+    the policy's forecast of who is talking begins from those requests. Three spoken commands
+    three seconds apart just before a summary arrives hold its first step to the
+    conversation's step (`forecast_wait_s`); with nothing heard, the step runs to the
+    arrival wait."""
+    from dataclasses import replace as replaced
+
+    from fairlane.bench.family_sim import heard_after, warm_up_heard
+    from fairlane.policy import CostModel, PolicyConfig, make_policy
+    from fairlane.profiles import load
+
+    costs, _ = load("cpu-2core")
+    config = replaced(PolicyConfig(), slice_ms=50.0).scaled(8)
+    summary = Job(0.0, "summaries", Kind.LLM, Priority.BACKGROUND, "docs", 3000, 4)
+    workload = Workload("summary", 30.0, (summary,))
+    spoken = [(-9.0 + 3 * i, Kind.STT, Priority.VOICE) for i in range(3)]
+    first = {}
+    for name, history in (("heard", spoken), ("nothing", [])):
+        policy = make_policy("fairlane", config, CostModel(costs))
+        result = Simulator(policy, CostModel(costs), workload, history=history).run()
+        first[name] = result.steps[0].end - result.steps[0].start
+    assert first["heard"] <= config.forecast_wait_s + 1e-9
+    assert first["nothing"] > 2 * config.forecast_wait_s
+    # The warm-up's requests end as the first phase begins; a phase moves everything heard
+    # back by its length, its interactive tail and the bench's pause between phases.
+    scn = scenario(CPU_EVENING, "cpu-2core", duration_s=30)
+    warm = warm_up_heard(scn.workload, "cpu-2core")
+    assert warm and all(at < 0 for at, _, _ in warm)
+    assert {(kind, priority) for _, kind, priority in warm} >= {
+        (Kind.LLM, Priority.CHAT), (Kind.LLM, Priority.VOICE), (Kind.STT, Priority.VOICE)
+    }
+    result = simulate_phase(scn.workload, "interactive", "cpu-2core", scn.config, history=warm)
+    later = heard_after(result, warm, 30.0)
+    heard = [r for r in result.records if r.priority.interactive]
+    assert len(later) == len(warm) + len(heard)
+    assert max(at for at, _, _ in later) <= -3.0  # the pause between phases at least

@@ -235,6 +235,39 @@ def test_speech_is_charged_to_its_speaker() -> None:
     assert ids(first) == ["a0"] and ids(second) == ["b0"]
 
 
+@pytest.mark.parametrize(
+    ("base_ms", "utterance_ms", "queued", "first_batch"),
+    [
+        (0.0, 705.0, 2, 1),  # Whisper on a 2-core CPU: a batch shares nothing
+        (100.0, 500.0, 2, 1),  # the shipped cpu-2core profile
+        (100.0, 500.0, 8, 2),  # ... but a long queue gains from what a batch does share
+        (40.0, 5.0, 2, 2),  # a GPU: the fixed cost dominates
+    ],
+)
+def test_commands_spoken_at_once_share_a_speech_step_only_where_it_pays(
+    base_ms: float, utterance_ms: float, queued: int, first_batch: int
+) -> None:
+    """Two commands spoken at once on a 2-core CPU: batched, both transcripts came when the
+    pair was done (1.6 s), the first speaker's too; one at a time the first comes at 0.7 s
+    and the second no later. An utterance joins a batch only where the waits it changes fall
+    in sum."""
+    from dataclasses import replace
+
+    from fairlane.policy import SttCost
+
+    profile = replace(PROFILE, stt=SttCost(base_ms=base_ms, utterance_ms=utterance_ms))
+    policy = make_policy("fairlane", PolicyConfig(), CostModel(profile))
+    for i in range(queued):
+        policy.add(stt(f"u{i}", client=f"speaker{i}", audio_s=2.5), 0.0)
+    plan = policy.schedule(0.0)
+    assert isinstance(plan, SttPlan) and len(plan.request_ids) == first_batch
+    # Whatever the batch, the speakers' summed wait is no more than one at a time gives.
+    one = policy.cost.stt_s(1, 2.5)
+    batched = policy.cost.stt_s(first_batch, 2.5 * first_batch)
+    waits = [batched] * first_batch + [batched + one * (i + 1) for i in range(queued - first_batch)]
+    assert sum(waits) <= sum(one * (i + 1) for i in range(queued)) + 1e-9
+
+
 def test_a_queue_forgets_clients_it_no_longer_needs() -> None:
     policy = make()
     now = 0.0

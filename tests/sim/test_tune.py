@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from fairlane import config
-from fairlane.bench.tune import Trial, _line, config_file, recommend, search
+from fairlane.bench.tune import Trial, _line, _speech_line, config_file, recommend, search
 from fairlane.cli import main
 from fairlane.sim import default_workload, scenario
 
@@ -17,6 +17,16 @@ SPEECH = Path(__file__).resolve().parents[1] / "fixtures" / "speech"
 
 def test_a_straight_line_through_the_measurements() -> None:
     assert _line([(1, 25), (2, 35), (4, 55), (8, 95)]) == pytest.approx((15.0, 10.0))
+
+
+def test_speech_that_batches_worse_than_one_by_one_is_priced_at_one_utterance() -> None:
+    """Whisper on this 2-core CPU: 1, 2 and 4 utterances in 705, 1,634 and 2,925 ms, each
+    batch dearer than its utterances one by one. The least-squares line priced one utterance
+    at 786 ms (the calibration of session 28: 828) against 705 measured."""
+    assert _speech_line([(1, 705), (2, 1634), (4, 2925)]) == pytest.approx((0.0, 705.0))
+    assert _speech_line([(1, 705), (2, 1734), (4, 3325)]) == pytest.approx((0.0, 705.0))
+    # Where batching pays (a GPU: a fixed cost shared), the line as it is.
+    assert _speech_line([(1, 20), (2, 32), (4, 56)]) == pytest.approx((8.0, 12.0))
 
 
 def test_settings_within_the_slos_beat_any_that_miss_them() -> None:

@@ -107,13 +107,14 @@ def _members(played: dict[str, Played], duration_s: float) -> dict[str, Any] | N
     return fairness_of(rows(beside.records, duration_s), by_itself)
 
 
-def warm_up(
-    target: Target, workload: Workload, prompts: Prompts, audio: dict[int, bytes]
-) -> None:
-    """The same warm-up for every target: one of each kind of request, and one request for
-    each shared prefix (Home Assistant's system prompt is always warm in a running home)."""
-    job = Job(0.0, "warm-up", Kind.LLM, Priority.CHAT, "warm-up", 64, 4)
-    target.chat(prompts.messages(job), 4, job, threading.Event())
+# Seconds between phases: cancelled work leaves the device before the next phase.
+SETTLE_S = 3.0
+WARM_UP_TOKENS = 4  # each warm-up chat's reply
+
+
+def warm_up_chats(workload: Workload) -> list[Job]:
+    """The warm-up's chat requests: a short one, and one for each shared prefix (Home
+    Assistant's system prompt is always warm in a running home)."""
     shared = {
         (j.group, j.prefix_tokens): j
         for j in (*workload.jobs, *(j.then for j in workload.jobs if j.then))
@@ -123,13 +124,21 @@ def warm_up(
         for unit_job in loop.units[0]:
             if unit_job.prefix_tokens:
                 shared[(unit_job.group, unit_job.prefix_tokens)] = unit_job
-    for sample in shared.values():
-        target.chat(prompts.messages(sample), 4, sample, threading.Event())
+    return [Job(0.0, "warm-up", Kind.LLM, Priority.CHAT, "warm-up", 64, 4), *shared.values()]
+
+
+def warm_up(
+    target: Target, workload: Workload, prompts: Prompts, audio: dict[int, bytes]
+) -> None:
+    """The same warm-up for every target: one of each kind of request, and one request for
+    each shared prefix."""
+    for job in warm_up_chats(workload):
+        target.chat(prompts.messages(job), WARM_UP_TOKENS, job, threading.Event())
     if audio:
         target.transcribe(next(iter(audio.values())), "warm-up")
     target.embed(["warm-up text"], "warm-up")
 
 
-def _settle(seconds: float = 3.0) -> None:
+def _settle(seconds: float = SETTLE_S) -> None:
     """A pause between phases: cancelled work leaves the device before the next phase."""
     time.sleep(seconds)

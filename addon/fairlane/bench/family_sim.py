@@ -2,22 +2,26 @@
 turned into the same report by the same code (`family_report.summarize`), so that a simulated
 evening and a measured one can be set side by side row by row (`fit`).
 
-A phase's workload is the requests `bench family` sends in it (`phase_workload`); the
-simulated device runs at a profile's costs, with the host's client round trip of the profile
-(`host.round_trip_ms`) between an answer and the client's next request. What the server
-reports of itself is read from the simulation the way the server counts it: the LLM's busy
-share and its interactive part, each background lane's share, the background LLM tokens
-computed.
+A phase's workload is the requests `bench family` sends in it (`phase_workload`), played after
+what the bench's server heard before it (its warm-up, the earlier phases: the policy's
+forecasts of who is talking begin from them); the simulated device runs at a profile's costs,
+with the host's client round trip of the profile (`host.round_trip_ms`) between an answer and
+the client's next request. What the server reports of itself is read from the simulation the
+way the server counts it: the LLM's busy share and its interactive part, each background
+lane's share, the background LLM tokens computed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from fairlane.bench.family import SETTLE_S, WARM_UP_TOKENS, warm_up_chats
 from fairlane.bench.family_play import Played, in_phase
 from fairlane.bench.family_report import summarize
-from fairlane.policy import PolicyConfig, Priority
+from fairlane.policy import CostModel, Kind, PolicyConfig, Priority
+from fairlane.profiles import load as load_profile
 from fairlane.runtime.prediction import durations
 from fairlane.sim import Scenario, simulate
 from fairlane.sim.report import background_done
@@ -43,6 +47,10 @@ def _unspoken(job: Job) -> Job:
     return replace(job, sentence_tokens=0, then=then)
 
 
+# An arrival the server heard before a phase: its time (before the phase's 0), engine, class.
+Heard = tuple[float, Kind, Priority]
+
+
 def simulate_phase(
     workload: Workload,
     phase: str,
@@ -51,11 +59,46 @@ def simulate_phase(
     policy: str = "fairlane",
     seed: int = 0,
     noise: float = 0.05,
+    history: Sequence[Heard] = (),
 ) -> SimResult:
     """One phase on the simulated device: `policy` planning with `profile`'s costs, the
-    interactive work's tail given `GIVE_UP_S` after the phase as the bench gives it."""
+    interactive work's tail given `GIVE_UP_S` after the phase as the bench gives it, its
+    forecasts begun from what the server heard before the phase (`history`)."""
     scn = Scenario(phase_workload(workload, phase), profile, config)
-    return simulate(scn, policy, noise, seed, max_time=workload.duration_s + GIVE_UP_S)
+    return simulate(
+        scn, policy, noise, seed, max_time=workload.duration_s + GIVE_UP_S, history=history
+    )
+
+
+def warm_up_heard(workload: Workload, profile: str) -> list[Heard]:
+    """The interactive requests of `bench family`'s warm-up (`family.warm_up`), one after the
+    other at the profile's costs, the last answered as the first phase begins."""
+    cost = CostModel(load_profile(profile)[0])
+    steps = [
+        (Kind.LLM, job.priority, cost.llm_s(job.prompt_tokens, 0, job.prompt_tokens,
+                                            job.prompt_tokens)
+         + WARM_UP_TOKENS * cost.llm_s(0, 1, job.prompt_tokens, job.prompt_tokens))
+        for job in warm_up_chats(workload)
+    ]
+    spoken = [job for job in workload.jobs if job.kind is Kind.STT]
+    if spoken:
+        steps.append((Kind.STT, spoken[0].priority, cost.stt_s(1, spoken[0].audio_s)))
+    heard, at = [], 0.0
+    for kind, priority, seconds in reversed(steps):
+        at -= seconds
+        heard.append((at, kind, priority))
+    return heard
+
+
+def heard_after(result: SimResult, history: Sequence[Heard], duration_s: float) -> list[Heard]:
+    """What the server has heard when the next phase begins: `history` and this phase's
+    interactive requests, moved back by the phase, its interactive tail and the bench's
+    pause between phases."""
+    interactive = [r for r in result.records if r.priority.interactive]
+    tail = max((r.finished_at or r.arrival for r in interactive), default=0.0)
+    shift = max(duration_s, tail) + SETTLE_S
+    arrivals = [*history, *((r.arrival, r.kind, r.priority) for r in interactive)]
+    return [(at - shift, kind, priority) for at, kind, priority in arrivals]
 
 
 def played(
@@ -109,14 +152,17 @@ def simulated(
     """`bench family`'s reports for the simulator (target `simulator`), one round per seed."""
     reports = []
     for round_index in range(1, rounds + 1):
+        # The bench plays its phases one after the other on one server, after its warm-up.
+        history = warm_up_heard(workload, profile)
         for phase in phases:
             result = simulate_phase(
-                workload, phase, profile, config, policy, seed=round_index - 1, noise=noise
+                workload, phase, profile, config, policy, round_index - 1, noise, history
             )
             record = played(
                 result, "simulator", phase, round_index, workload.duration_s, config.slice_s
             )
             reports.append(summarize(record, workload.slo))
+            history = heard_after(result, history, workload.duration_s)
     return reports
 
 

@@ -288,6 +288,11 @@ class Policy(ABC):
             retryable=False,
         )
 
+    def heard(self, kind: Kind, priority: Priority, at: float) -> None:
+        """An arrival before this policy began (the simulator replays a server's earlier
+        requests): a policy that forecasts arrivals counts it; it schedules nothing."""
+        return None
+
     def cancel(self, request_id: str, now: float) -> bool:
         """Drop a request wherever it is; a running sequence's KV is freed at once."""
         request = self.requests.get(request_id)

@@ -55,13 +55,16 @@ class BatchSteps(Lanes):
         return IdlePlan(wake_at=min(close, expected), reason="batch window")
 
     def _plan_stt(self, choice: LaneChoice, now: float) -> SttPlan | None:
-        """One batch of utterances of one class; a background batch stays within its slice."""
+        """One batch of utterances of one class; a background batch stays within its slice,
+        and an utterance joins only where joining pays (`_joining_pays`)."""
         queue = self.waiting[Kind.STT, choice.priority]
         taken: list[Request] = []
         audio_s = 0.0
         while len(taken) < self.config.stt_max_batch and (request := queue.peek()) is not None:
             cost = self.cost.stt_s(len(taken) + 1, audio_s + request.audio_s)
             if taken and choice.budget_s is not None and cost > choice.budget_s:
+                break
+            if taken and not self._joining_pays(len(taken), audio_s, request, len(queue) - 1):
                 break
             self._dispatch(request, now)
             taken.append(request)
@@ -75,6 +78,23 @@ class BatchSteps(Lanes):
             predicted_s=self.cost.stt_s(len(taken), audio_s),
             budget_s=choice.budget_s,
         )
+
+    def _joining_pays(self, taken: int, audio_s: float, request: Request, behind: int) -> bool:
+        """Whether `request` joining a speech batch of `taken` utterances (`audio_s` of audio)
+        lowers the summed wait of everyone it changes, `behind` more queued after it.
+
+        Joining makes the batch dearer by g, so each of the `taken` waits g more; the newcomer
+        and those behind it no longer wait for its own step (a, alone) after the batch, so
+        each waits g - a more. Where a speech step shares a fixed cost (a GPU) a batch pays,
+        the more so the longer the queue; where a batch costs what its utterances do one by
+        one (Whisper on a 2-core CPU: 1,634 ms for two against 705 for one), two commands
+        spoken at once made the first speaker wait for the second's words too.
+        """
+        grown = self.cost.stt_s(taken + 1, audio_s + request.audio_s) - self.cost.stt_s(
+            taken, audio_s
+        )
+        alone = self.cost.stt_s(1, request.audio_s)
+        return taken * grown + (behind + 1) * (grown - alone) < 0
 
     def _plan_tts(self, choice: LaneChoice, now: float) -> TtsPlan | None:
         """Sentences to speak, oldest (by VTC) first; each is one bounded unit of work."""

@@ -102,6 +102,9 @@ class Lanes(Policy):
         self.waiting[request.kind, request.priority].push(request)
         self.arrivals[request.kind, request.priority].observe(now)
 
+    def heard(self, kind: Kind, priority: Priority, at: float) -> None:
+        self.arrivals[kind, priority].observe(at)
+
     def _requeue_preempted(self, request: Request) -> None:
         self.waiting[request.kind, request.priority].push_front(request)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -63,12 +64,14 @@ def simulate(
     seed: int = 0,
     truth: str | None = None,
     max_time: float | None = None,
+    history: Sequence[tuple[float, Kind, Priority]] = (),
 ) -> SimResult:
     """Run one policy on a scenario: the real policy, planning with the scenario's profile.
 
     The simulated device runs at the profile's costs, or at `truth`'s (another profile): then
     the policy must learn the device it really has from the step times it measures. Its
     host's clients take the profile's round trip between an answer and their next request.
+    `history`: arrivals before the run (time, engine, class) its forecasts begin from.
     """
     profile, _ = load_profile(scn.profile)
     device, _ = load_profile(truth) if truth else (profile, None)
@@ -80,6 +83,7 @@ def simulate(
         noise=noise,
         seed=seed,
         round_trip_s=device.host.round_trip_ms / 1000.0,
+        history=history,
     ).run(max_time)
 
 

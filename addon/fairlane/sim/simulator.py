@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fairlane.policy import (
@@ -72,6 +73,7 @@ class Simulator:
         give_up_s: dict[Priority, float] | None = None,
         warm_prefixes: bool = True,
         round_trip_s: float = 0.0,
+        history: Sequence[tuple[float, Kind, Priority]] = (),
     ) -> None:
         self.policy = policy
         self.truth = truth
@@ -84,6 +86,10 @@ class Simulator:
         # unit, a summary's reduction, a spoken command's reply turn) this long after the
         # answer it waited for; the device meanwhile runs whatever else is queued.
         self.round_trip_s = round_trip_s
+        # Requests the device's server heard before this run (their times are before 0, each
+        # with its engine and class): the policy's forecasts begin from them, as a running
+        # server's do.
+        self.history = sorted(history, key=lambda arrival: arrival[0])
         self._ids = itertools.count()
         self._queue: list[tuple[float, int, Job]] = []
         self._give_ups: list[tuple[float, str]] = []
@@ -109,6 +115,8 @@ class Simulator:
     def run(self, max_time: float | None = None) -> SimResult:
         """Simulate until every job is done (or `max_time`, default 4× the workload's duration)."""
         horizon = max_time if max_time is not None else 4 * self.workload.duration_s
+        for at, kind, priority in self.history:
+            self.policy.heard(kind, priority, at)
         for job in self.workload.jobs:
             self._push(job.at, job)
         for loop in self.workload.loops:
