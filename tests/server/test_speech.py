@@ -209,7 +209,10 @@ def test_utterance_during_a_background_job_runs_at_the_next_step_boundary(server
                for r in records)  # and the background job went on after it
 
 
-def test_concurrent_utterances_are_transcribed_in_fewer_steps(server) -> None:
+def test_concurrent_utterances_on_a_cpu_do_not_wait_for_one_batch_of_all(server) -> None:
+    """Four commands spoken while the device is busy: on a 2-core CPU a Whisper batch shares
+    nothing (it costs what its utterances do one by one), so the first speaker does not wait
+    for everyone's words in one step; each utterance is transcribed, and well."""
     device = server.services.device
     busy = _keep_device_busy(server)
     names = ["command-00.wav", "command-03.wav", "command-06.wav", "command-08.wav"]
@@ -228,7 +231,8 @@ def test_concurrent_utterances_are_transcribed_in_fewer_steps(server) -> None:
     busy.join(timeout=300)
     steps = [r for r in device.records if r.kind is Kind.STT and r.start >= started]
     assert sum(len(r.request_ids) for r in steps) == 4
-    assert len(steps) < 4
+    assert len(steps) > 1
+    assert min(r.end for r in steps) < max(r.start for r in steps)
     assert word_error_rate([COMMANDS[n] for n in names], [texts[n] for n in names]) <= 0.25
 
 
