@@ -25,7 +25,7 @@ from fairlane.profiles import load as load_profile
 from fairlane.runtime.prediction import durations
 from fairlane.sim import Scenario, simulate
 from fairlane.sim.report import background_done
-from fairlane.sim.simulator import SimResult
+from fairlane.sim.simulator import Heard, SimResult
 from fairlane.sim.workload import Job, Workload
 
 # How long a client waits for an interactive answer after the phase (`bench family`'s default).
@@ -45,10 +45,6 @@ def _unspoken(job: Job) -> Job:
     """The job and its chain, with no reply spoken."""
     then = _unspoken(job.then) if job.then is not None else None
     return replace(job, sentence_tokens=0, then=then)
-
-
-# An arrival the server heard before a phase: its time (before the phase's 0), engine, class.
-Heard = tuple[float, Kind, Priority]
 
 
 def simulate_phase(

@@ -10,7 +10,7 @@ from pathlib import Path
 from fairlane.config import Config
 from fairlane.policy import CostModel, Kind, PolicyConfig, Priority, make_policy
 from fairlane.profiles import load as load_profile
-from fairlane.sim.simulator import SimResult, Simulator
+from fairlane.sim.simulator import Heard, SimResult, Simulator
 from fairlane.sim.workload import Job, Loop, Workload, households
 from fairlane.sim.workload import load as load_workload
 
@@ -64,7 +64,7 @@ def simulate(
     seed: int = 0,
     truth: str | None = None,
     max_time: float | None = None,
-    history: Sequence[tuple[float, Kind, Priority]] = (),
+    history: Sequence[Heard] = (),
 ) -> SimResult:
     """Run one policy on a scenario: the real policy, planning with the scenario's profile.
 

@@ -60,6 +60,10 @@ class SimResult:
     units_done: list[tuple[str, int, float]] = field(default_factory=list)
 
 
+# An arrival the server heard before a run: its time (before the run's 0), engine, class.
+Heard = tuple[float, Kind, Priority]
+
+
 class Simulator:
     """Runs `policy` over `workload`, taking step durations from `truth`."""
 
@@ -73,7 +77,7 @@ class Simulator:
         give_up_s: dict[Priority, float] | None = None,
         warm_prefixes: bool = True,
         round_trip_s: float = 0.0,
-        history: Sequence[tuple[float, Kind, Priority]] = (),
+        history: Sequence[Heard] = (),
     ) -> None:
         self.policy = policy
         self.truth = truth
